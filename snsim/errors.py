@@ -1,0 +1,21 @@
+"""Exceptions that carry one user-facing line.
+
+The CLI prints ``str(err)`` of a :class:`SnsimError` and exits 2; anything
+else is a bug and keeps its traceback.
+"""
+
+
+class SnsimError(Exception):
+    """A problem with the user's input, reported as one clear line."""
+
+
+class TraceError(SnsimError):
+    """A trace file that cannot be read or breaks the trace contract."""
+
+
+class ScheduleError(SnsimError):
+    """A schedule that breaks the execution rules (see ``schedule.verify``)."""
+
+
+class PolicyError(SnsimError):
+    """An unknown policy or one that cannot plan for the given trace."""

@@ -1,0 +1,172 @@
+"""The iteration as a graph of steps and tensors (DESIGN.md section 2).
+
+Tensors are small tuples ``(kind, layer)``: ``("X", i)`` the forward output
+of layer i, ``("G", i)`` its gradient, ``("S", i)`` its saved extras.  Steps
+are ``(phase, layer)`` with phase ``"F"`` (forward), ``"B"`` (backward) or
+``"R"`` (a recomputed forward, outside the route).
+
+:class:`Graph` answers everything a planner or the simulator asks of the
+trace: the route, which layers require grad, what each step needs and
+allocates, every tensor's last use under the route, and the lower bound.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from snsim.trace.model import Trace
+
+Tensor = tuple[str, int]
+Step = tuple[str, int]
+
+
+def X(i: int) -> Tensor:
+    return ("X", i)
+
+
+def G(i: int) -> Tensor:
+    return ("G", i)
+
+
+def S(i: int) -> Tensor:
+    return ("S", i)
+
+
+def tensor_name(t: Tensor) -> str:
+    return f"{t[0]}{t[1]}"
+
+
+def step_name(step: Step) -> str:
+    return f"{step[0]}{step[1]}"
+
+
+class Graph:
+    """Route, requires-grad, per-step needs/allocs and last uses of a trace."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        layers = trace.layers
+        self.n = n = len(layers)
+        self.layers = layers
+        self.consumers: list[list[int]] = [[] for _ in range(n)]
+        for layer in layers:
+            for j in dict.fromkeys(layer.inputs):  # unique, keep order
+                self.consumers[j].append(layer.id)
+        # Reaches the loss (the last layer) through consumers.
+        reaches = [False] * n
+        reaches[n - 1] = True
+        for i in range(n - 2, -1, -1):
+            reaches[i] = any(reaches[c] for c in self.consumers[i])
+        rg = [False] * n
+        for layer in layers:
+            i = layer.id
+            if layer.kind == "data":
+                continue
+            rg[i] = reaches[i] and (layer.param_bytes > 0 or any(rg[j] for j in layer.inputs))
+        self.reaches_loss = reaches
+        self.requires_grad = rg
+        # Gradient G_j is allocated by the first backward step that contributes to
+        # it: the largest-id consumer that requires grad.
+        self.grad_owner: list[int | None] = [None] * n
+        for j in range(n):
+            owners = [c for c in self.consumers[j] if rg[c]]
+            if rg[j] and owners:
+                self.grad_owner[j] = max(owners)
+        self.route: list[Step] = [("F", i) for i in range(n)]
+        self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
+        self._needs: dict[Step, tuple[Tensor, ...]] = {}
+        self._allocs: dict[Step, tuple[Tensor, ...]] = {}
+        for i in range(n):
+            self._build_steps(i)
+
+    # ------------------------------------------------------------------ steps
+    def _build_steps(self, i: int) -> None:
+        layer = self.layers[i]
+        ins = tuple(dict.fromkeys(layer.inputs))
+        fwd_allocs = (X(i),) + ((S(i),) if layer.saved_extra_bytes else ())
+        self._needs[("F", i)] = tuple(X(j) for j in ins)
+        self._allocs[("F", i)] = fwd_allocs
+        self._needs[("R", i)] = tuple(X(j) for j in ins)
+        self._allocs[("R", i)] = fwd_allocs
+        if not self.requires_grad[i]:
+            return
+        last = i == self.n - 1
+        needs: list[Tensor] = [] if last else [G(i)]
+        if layer.saved_extra_bytes:
+            needs.append(S(i))
+        if layer.reads_inputs:
+            needs.extend(X(j) for j in ins)
+        if layer.reads_output:
+            needs.append(X(i))
+        allocs: list[Tensor] = [G(i)] if last else []
+        for j in ins:
+            if self.requires_grad[j]:
+                (allocs if self.grad_owner[j] == i else needs).append(G(j))
+        self._needs[("B", i)] = tuple(dict.fromkeys(needs))
+        self._allocs[("B", i)] = tuple(dict.fromkeys(allocs))
+
+    def needs(self, step: Step) -> tuple[Tensor, ...]:
+        """Tensors that must be resident when ``step`` runs (read or accumulated)."""
+        return self._needs[step]
+
+    def allocs(self, step: Step) -> tuple[Tensor, ...]:
+        """Tensors ``step`` creates (a recompute re-creates the forward's)."""
+        return self._allocs[step]
+
+    def size(self, t: Tensor) -> int:
+        layer = self.layers[t[1]]
+        return layer.saved_extra_bytes if t[0] == "S" else layer.output_bytes
+
+    def workspace_bytes(self, step: Step, algo: int = 0) -> int:
+        ws = self.layers[step[1]].workspace
+        if not ws:
+            return 0
+        w = ws[algo]
+        return w.backward_bytes if step[0] == "B" else w.fwd_bytes
+
+    def min_workspace_bytes(self, step: Step) -> int:
+        ws = self.layers[step[1]].workspace
+        if not ws:
+            return 0
+        return min(w.backward_bytes if step[0] == "B" else w.fwd_bytes for w in ws)
+
+    def step_ms(self, step: Step, algo: int = 0) -> float:
+        """Duration of a step; algorithm ``algo`` of the layer's workspace list."""
+        layer = self.layers[step[1]]
+        if layer.workspace and algo:
+            w = layer.workspace[algo]
+            return w.bwd_ms if step[0] == "B" else w.fwd_ms
+        return layer.bwd_ms if step[0] == "B" else layer.fwd_ms
+
+    def step_bytes(self, step: Step) -> int:
+        """Bytes of what a step needs and allocates (no workspace, no statics)."""
+        size = self.size
+        return sum(size(t) for t in self._needs[step]) + sum(size(t) for t in self._allocs[step])
+
+    # ------------------------------------------------------------- analyses
+    @cached_property
+    def last_use(self) -> dict[Tensor, int]:
+        """Route index of the last step that needs or allocates each tensor."""
+        last: dict[Tensor, int] = {}
+        for k, step in enumerate(self.route):
+            for t in self._needs[step]:
+                last[t] = k
+            for t in self._allocs[step]:
+                last[t] = k
+        return last
+
+    @cached_property
+    def compute_ms(self) -> float:
+        """Pure compute time of the route with each layer's first algorithm."""
+        return sum(self.step_ms(s) for s in self.route)
+
+    @cached_property
+    def lower_bound_bytes(self) -> int:
+        """Static + the largest single step's own need (DESIGN section 2)."""
+        return self.trace.static_bytes + max(
+            self.step_bytes(s) + self.min_workspace_bytes(s) for s in self.route)
+
+    @cached_property
+    def forward_end(self) -> int:
+        """Route index of the first backward step (= number of forward steps)."""
+        return self.n

@@ -1,0 +1,65 @@
+"""Policy registry: a policy is one module in this package, registered by name.
+
+Each module decorates a planner with :func:`register`; the registry finds
+modules by listing this package, so adding a policy touches nothing else.
+A planner takes a :class:`~snsim.policies.base.PlanContext` and returns a
+:class:`~snsim.schedule.Schedule`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable
+
+from snsim.errors import PolicyError
+from snsim.policies.base import PlanContext, Planner, PolicyInfo
+
+_REGISTRY: dict[str, PolicyInfo] = {}
+_loaded = False
+_INTERNAL = {"base", "tools"}
+
+
+def register(name: str, summary: str, order: int = 100) -> Callable[[Planner], Planner]:
+    """Class or function decorator: make ``planner`` available as policy ``name``."""
+
+    def deco(planner: Planner) -> Planner:
+        if name in _REGISTRY and _REGISTRY[name].planner is not planner:
+            raise ValueError(f"policy {name!r} registered twice")
+        _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order)
+        return planner
+
+    return deco
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.name not in _INTERNAL and not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    _loaded = True
+
+
+def names() -> list[str]:
+    """Registered policy names, in presentation order."""
+    _load_all()
+    return [p.name for p in sorted(_REGISTRY.values(), key=lambda p: (p.order, p.name))]
+
+
+def get(name: str) -> PolicyInfo:
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PolicyError(f"unknown policy {name!r}; choose from: "
+                          + ", ".join(names()) + ", all") from None
+
+
+def plan(name: str, ctx: PlanContext):
+    """Plan ``ctx`` with policy ``name`` and return its schedule."""
+    return get(name).planner(ctx)
+
+
+__all__ = ["register", "names", "get", "plan", "PlanContext", "PolicyInfo"]

@@ -1,0 +1,28 @@
+"""``liveness``: free every tensor right after the last step that needs it.
+
+SuperNeurons' first optimization (DESIGN section 2): the step that allocates
+a tensor counts as a use, so an output nobody reads is freed right after it
+is made.
+"""
+
+from snsim.policies import register
+from snsim.policies.base import PlanContext
+from snsim.schedule.ops import Compute, Free, Op, Schedule
+
+
+def liveness_ops(graph) -> list[Op]:
+    """The route with a :class:`Free` after each tensor's last use."""
+    frees: dict[int, list] = {}
+    for t, k in graph.last_use.items():
+        frees.setdefault(k, []).append(t)
+    ops: list[Op] = []
+    for k, (phase, i) in enumerate(graph.route):
+        ops.append(Compute(phase, i))
+        for t in frees.get(k, ()):
+            ops.append(Free(t))
+    return ops
+
+
+@register("liveness", "free each tensor after its last use", order=10)
+def plan_liveness(ctx: PlanContext) -> Schedule:
+    return Schedule("liveness", liveness_ops(ctx.graph), ctx.budget_bytes)

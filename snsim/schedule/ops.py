@@ -1,0 +1,98 @@
+"""The schedule: an explicit list of operations a policy returns.
+
+Both the simulator and the real executor run the same list, in order, as
+issued by one host thread:
+
+* :class:`Compute` runs a step on the compute stream: ``F``/``B`` are the
+  route's forward and backward steps, ``R`` re-runs a forward step
+  (recomputation).  It allocates the step's outputs and, for its duration,
+  the workspace of algorithm ``algo``.
+* :class:`Free` releases a tensor's device memory.  If an :class:`Offload` of
+  it is still copying, the memory is released when that copy ends (a free
+  *under way*).
+* :class:`Offload` copies a resident tensor to host on the device-to-host
+  engine; the device copy stays until freed.
+* :class:`Prefetch` allocates device memory and copies a host copy back on the
+  host-to-device engine; it is not usable before a :class:`Wait`.
+* :class:`Wait` makes the compute stream wait until a prefetch (or offload)
+  of the tensor has finished.
+
+See ``verify.py`` for the rules a schedule must follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from snsim.graph import Step, Tensor, step_name, tensor_name
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    phase: str  # "F", "B" or "R"
+    layer: int
+    algo: int = 0
+
+    @property
+    def step(self) -> Step:
+        return (self.phase, self.layer)
+
+    def __str__(self) -> str:
+        return f"compute {step_name(self.step)}" + (f" algo={self.algo}" if self.algo else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    tensor: Tensor
+
+    def __str__(self) -> str:
+        return f"free {tensor_name(self.tensor)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Offload:
+    tensor: Tensor
+
+    def __str__(self) -> str:
+        return f"offload {tensor_name(self.tensor)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    tensor: Tensor
+
+    def __str__(self) -> str:
+        return f"prefetch {tensor_name(self.tensor)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    tensor: Tensor
+
+    def __str__(self) -> str:
+        return f"wait {tensor_name(self.tensor)}"
+
+
+Op = Union[Compute, Free, Offload, Prefetch, Wait]
+
+
+@dataclass
+class Schedule:
+    """A policy's plan: the ops, plus what the policy decided and why.
+
+    ``stats`` holds the planner's own counters (cache hits and misses,
+    recomputed layers, evictions); they are reported beside the simulator's.
+    """
+
+    policy: str
+    ops: list[Op]
+    budget_bytes: int | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    infeasible_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def lines(self) -> list[str]:
+        return [str(op) for op in self.ops]

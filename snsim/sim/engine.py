@@ -1,0 +1,228 @@
+"""Discrete-event replay of a schedule (DESIGN.md section 2, "Time").
+
+Three simpy processes share one memory pool:
+
+* the compute stream issues the schedule's ops in order; compute steps take
+  their time, copies are handed to the engines, ``Wait`` blocks;
+* the host-to-device and device-to-host copy engines each run their copies
+  in order, ``bytes / bandwidth`` each.
+
+All allocations are made by the compute stream (the host thread that issues
+the ops).  One that does not fit the budget waits for frees already under
+way (an offload finishing, see ``ops.Free``); if none is under way, the run
+ends infeasible with the step and the shortfall.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from snsim.errors import ScheduleError
+from snsim.graph import Graph, step_name, tensor_name
+from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
+from snsim.sim.result import Interval, MemoryPoint, SimResult
+from snsim.units import fmt_bytes
+
+
+class _Infeasible(Exception):
+    pass
+
+
+class _Run:
+    """State of one replay; :func:`simulate` is the public entry."""
+
+    def __init__(self, graph: Graph, schedule: Schedule, capacity: int, record: bool):
+        self.g = graph
+        self.schedule = schedule
+        self.capacity = capacity
+        self.record = record
+        self.env = simpy.Environment()
+        self.level = graph.trace.static_bytes
+        self.peak = self.level
+        self.resident: dict = {}
+        self.offloading: dict = {}    # tensor -> completion event of its D2H copy
+        self.inbound: dict = {}       # tensor -> completion event of its H2D copy
+        self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
+        self.deferred: set = set()    # frees waiting for their offload to end
+        self.freed_event = self.env.event()
+        self.stall_ms = 0.0
+        self.recompute_ms = 0.0
+        self.compute_ms = 0.0
+        self.h2d_bytes = 0
+        self.d2h_bytes = 0
+        self.forward_end_ms = 0.0
+        self.reason: str | None = None
+        self.timeline: list[MemoryPoint] = [MemoryPoint(0.0, self.level, "static")]
+        self.intervals: list[Interval] = []
+        self.h2d = simpy.Store(self.env)
+        self.d2h = simpy.Store(self.env)
+        dev = graph.trace.device
+        self.env.process(self._copy_engine(self.h2d, "h2d", dev.h2d_Bps))
+        self.env.process(self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        self.done = self.env.process(self._compute_stream())
+
+    # -------------------------------------------------------------- memory
+    def _mark(self, what: str) -> None:
+        if self.level > self.peak:
+            self.peak = self.level
+        if self.record:
+            self.timeline.append(MemoryPoint(self.env.now, self.level, what))
+
+    def _release(self, t) -> None:
+        self.level -= self.resident.pop(t)
+        if self.record:
+            self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t)))
+
+    def _reserve(self, nbytes: int, what: str):
+        """Wait until ``nbytes`` fit under the capacity (generator)."""
+        while self.level + nbytes > self.capacity:
+            if not self.deferred:
+                short = self.level + nbytes - self.capacity
+                self.reason = (f"{what} needs {fmt_bytes(nbytes)} but only "
+                               f"{fmt_bytes(self.capacity - self.level)} of the "
+                               f"{fmt_bytes(self.capacity)} budget is free "
+                               f"({short} bytes short) and no free is under way")
+                raise _Infeasible()
+            start = self.env.now
+            yield self.freed_event
+            self._stall(start, "memory")
+
+    def _stall(self, start: float, why: str) -> None:
+        if self.env.now > start:
+            self.stall_ms += self.env.now - start
+            if self.record:
+                self.intervals.append(Interval(start, self.env.now, "compute", "stall", why))
+
+    # ------------------------------------------------------------- streams
+    def _compute_stream(self):
+        g, env = self.g, self.env
+        size = g.size
+        route_len = len(g.route)
+        done_route = 0
+        for k, op in enumerate(self.schedule.ops):
+            if type(op) is Compute:
+                step = op.step
+                new = [t for t in g.allocs(step) if t not in self.resident]
+                ws = g.workspace_bytes(step, op.algo)
+                need = ws + sum(size(t) for t in new)
+                if self.level + need > self.capacity:
+                    try:
+                        yield from self._reserve(need, f"step {step_name(step)} "
+                                                 f"({g.layers[op.layer].name})")
+                    except _Infeasible:
+                        return
+                for t in new:
+                    self.resident[t] = size(t)
+                    self.level += self.resident[t]
+                self.level += ws
+                self._mark(step_name(step))
+                dur = g.step_ms(step, op.algo)
+                start = env.now
+                if dur:
+                    yield env.timeout(dur)
+                if op.phase == "R":
+                    self.recompute_ms += dur
+                else:
+                    self.compute_ms += dur
+                    done_route += 1
+                    if done_route == g.forward_end:
+                        self.forward_end_ms = env.now
+                if self.record:
+                    self.intervals.append(Interval(start, env.now, "compute", step_name(step)))
+                if ws:
+                    self.level -= ws
+                    if self.record:
+                        self.timeline.append(MemoryPoint(env.now, self.level, "workspace"))
+            elif type(op) is Free:
+                t = op.tensor
+                if t in self.offloading:
+                    self.deferred.add(t)
+                else:
+                    self._release(t)
+            elif type(op) is Offload:
+                t = op.tensor
+                ev = env.event()
+                self.offloading[t] = ev
+                self.copied_out[t] = ev
+                self.d2h_bytes += size(t)
+                self.d2h.put((t, ev))
+            elif type(op) is Prefetch:
+                t = op.tensor
+                nbytes = size(t)
+                if self.level + nbytes > self.capacity:
+                    try:
+                        yield from self._reserve(nbytes, f"prefetch of {tensor_name(t)}")
+                    except _Infeasible:
+                        return
+                self.resident[t] = nbytes
+                self.level += nbytes
+                self._mark("prefetch " + tensor_name(t))
+                ev = env.event()
+                self.inbound[t] = ev
+                self.h2d_bytes += nbytes
+                self.h2d.put((t, ev))
+            elif type(op) is Wait:
+                ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
+                if ev is None:
+                    raise ScheduleError(f"op {k} ({op}): nothing in flight to wait for")
+                if not ev.triggered:
+                    start = env.now
+                    yield ev
+                    self._stall(start, "wait " + tensor_name(op.tensor))
+                self.inbound.pop(op.tensor, None)
+        if done_route < route_len:
+            raise ScheduleError("schedule ends before the route does")
+
+    def _copy_engine(self, queue: simpy.Store, name: str, bandwidth: float):
+        env, size = self.env, self.g.size
+        while True:
+            t, ev = yield queue.get()
+            if name == "h2d":
+                pending = self.offloading.get(t)
+                if pending is not None and not pending.triggered:
+                    yield pending  # the host copy must exist before it comes back
+            start = env.now
+            nbytes = size(t)
+            yield env.timeout(nbytes / bandwidth * 1e3)
+            if self.record:
+                self.intervals.append(Interval(start, env.now, name, tensor_name(t)))
+            ev.succeed()
+            if name == "d2h":
+                if self.offloading.get(t) is ev:
+                    del self.offloading[t]
+                if t in self.deferred:
+                    self.deferred.discard(t)
+                    self._release(t)
+                    old, self.freed_event = self.freed_event, env.event()
+                    old.succeed()
+
+
+def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
+             record: bool = True) -> SimResult:
+    """Replay ``schedule`` on ``graph``'s trace under a memory budget.
+
+    ``budget_bytes=None`` means the trace device's memory.  ``record=False``
+    skips the timeline and the event log (faster for sweeps).
+    """
+    trace = graph.trace
+    capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
+    run = _Run(graph, schedule, capacity, record)
+    if schedule.infeasible_reason is None:
+        run.env.run()
+    feasible = run.reason is None and schedule.infeasible_reason is None
+    reason = schedule.infeasible_reason or run.reason
+    planned_ms = sum(graph.step_ms(op.step, op.algo) for op in schedule.ops
+                     if type(op) is Compute and op.phase != "R")
+    iteration_ms = run.env.now
+    return SimResult(
+        policy=schedule.policy, trace=trace.label, model=trace.model, batch=trace.batch,
+        budget_bytes=budget_bytes, capacity_bytes=capacity, feasible=feasible,
+        peak_bytes=run.peak, static_bytes=trace.static_bytes,
+        lower_bound_bytes=graph.lower_bound_bytes, iteration_ms=iteration_ms,
+        compute_ms=planned_ms, recompute_ms=run.recompute_ms, stall_ms=run.stall_ms,
+        h2d_bytes=run.h2d_bytes, d2h_bytes=run.d2h_bytes,
+        samples_per_s=(trace.batch / (iteration_ms / 1e3)
+                       if feasible and iteration_ms > 0 else 0.0),
+        reason=reason, forward_end_ms=run.forward_end_ms,
+        policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
+        intervals=tuple(run.intervals))

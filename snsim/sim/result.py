@@ -1,0 +1,72 @@
+"""Typed results of one simulated iteration (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Something that ran on a stream: compute step, copy, or a stall."""
+
+    start_ms: float
+    end_ms: float
+    stream: str   # "compute", "h2d", "d2h"
+    name: str     # "F3", "B3", "R3", "X3", "stall"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPoint:
+    """The memory level right after something changed it."""
+
+    time_ms: float
+    level_bytes: int
+    what: str
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    trace: str
+    model: str
+    batch: int
+    budget_bytes: int | None
+    capacity_bytes: int
+    feasible: bool
+    peak_bytes: int
+    static_bytes: int
+    lower_bound_bytes: int
+    iteration_ms: float
+    compute_ms: float
+    recompute_ms: float
+    stall_ms: float
+    h2d_bytes: int
+    d2h_bytes: int
+    samples_per_s: float
+    reason: str | None = None
+    forward_end_ms: float = 0.0
+    policy_stats: dict[str, Any] = field(default_factory=dict)
+    timeline: tuple[MemoryPoint, ...] = ()
+    intervals: tuple[Interval, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object: DESIGN section 4 keys first, then extras."""
+        d = {k: getattr(self, k) for k in (
+            "policy", "trace", "budget_bytes", "feasible", "peak_bytes", "static_bytes",
+            "lower_bound_bytes", "iteration_ms", "compute_ms", "recompute_ms", "stall_ms",
+            "h2d_bytes", "d2h_bytes", "samples_per_s")}
+        if not self.feasible:
+            d["reason"] = self.reason
+        d["model"] = self.model
+        d["batch"] = self.batch
+        d["capacity_bytes"] = self.capacity_bytes
+        d["peak_over_lower_bound"] = round(self.peak_bytes / self.lower_bound_bytes, 6)
+        d["time_over_compute"] = (round(self.iteration_ms / self.compute_ms, 6)
+                                  if self.compute_ms > 0 else None)
+        d.update(self.policy_stats)
+        return d
+
+    def event_log(self) -> list[dict[str, Any]]:
+        return [asdict(iv) for iv in self.intervals]

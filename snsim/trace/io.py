@@ -1,0 +1,200 @@
+"""Load and save ``snsim.trace/1`` files.
+
+Loading validates in two passes: the JSON Schema published beside this module
+(``trace.schema.json``), then the checks a schema cannot express (ids equal
+their index, inputs refer to earlier layers, finite numbers).  Every failure
+is a :class:`TraceError` naming the file, the layer and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from snsim.errors import TraceError
+from snsim.fileio import write_json
+from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace
+
+_LAYER_KEYS = {"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
+               "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace"}
+_TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
+_validator = None
+
+
+def schema() -> dict[str, Any]:
+    """The published JSON Schema of ``snsim.trace/1``."""
+    text = resources.files("snsim.trace").joinpath("trace.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def _schema_validator():
+    global _validator
+    if _validator is None:
+        import jsonschema
+
+        _validator = jsonschema.Draft202012Validator(schema())
+    return _validator
+
+
+def _where(doc: dict[str, Any], path: list[Any]) -> str:
+    """'layer 3 (conv1), field output_bytes' from a JSON path."""
+    if len(path) >= 2 and path[0] == "layers" and isinstance(path[1], int):
+        idx = path[1]
+        name = ""
+        layers = doc.get("layers")
+        if isinstance(layers, list) and idx < len(layers) and isinstance(layers[idx], dict):
+            name = f" ({layers[idx].get('name')})" if "name" in layers[idx] else ""
+        rest = ".".join(str(p) for p in path[2:])
+        return f"layer {idx}{name}" + (f", field {rest}" if rest else "")
+    return "field " + ".".join(str(p) for p in path) if path else "top level"
+
+
+def _schema_check(doc: Any, label: str) -> None:
+    if not isinstance(doc, dict):
+        raise TraceError(f"{label}: top level must be a JSON object, got {type(doc).__name__}")
+    version = doc.get("schema")
+    if version != SCHEMA:
+        raise TraceError(f"{label}: unsupported schema version {version!r} "
+                         f"(this snsim reads {SCHEMA!r})")
+    import jsonschema
+
+    errors = list(_schema_validator().iter_errors(doc))
+    if not errors:
+        return
+    err = jsonschema.exceptions.best_match(errors)
+    path = list(err.absolute_path)
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        where = _where(doc, path + [missing])
+        raise TraceError(f"{label}: {where}: missing required field")
+    raise TraceError(f"{label}: {_where(doc, path)}: {err.message}")
+
+
+def _semantic_check(doc: dict[str, Any], label: str) -> None:
+    layers = doc["layers"]
+    seen: set[int] = set()
+    for idx, raw in enumerate(layers):
+        lid = raw["id"]
+        where = f"{label}: layer {idx} ({raw['name']})"
+        if lid in seen:
+            raise TraceError(f"{where}: field id: duplicate id {lid}")
+        seen.add(lid)
+        if lid != idx:
+            raise TraceError(f"{where}: field id: id {lid} must equal its index {idx}")
+        for j in raw["inputs"]:
+            if j >= idx:
+                raise TraceError(f"{where}: field inputs: input {j} is not an earlier layer "
+                                 f"(inputs must be smaller than the layer id)")
+        for key in ("fwd_ms", "bwd_ms"):
+            if not math.isfinite(raw[key]):
+                raise TraceError(f"{where}: field {key}: time must be finite, got {raw[key]}")
+        for k, ws in enumerate(raw.get("workspace", [])):
+            for key in ("fwd_ms", "bwd_ms"):
+                if not math.isfinite(ws[key]):
+                    raise TraceError(f"{where}: field workspace.{k}.{key}: time must be finite")
+        if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
+            raise TraceError(f"{where}: field inputs: only data layers may have no inputs")
+    if layers[0]["inputs"]:
+        raise TraceError(f"{label}: layer 0 ({layers[0]['name']}): field inputs: "
+                         "the first layer cannot have inputs")
+    dev = doc.get("device")
+    if dev is not None:
+        for key in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
+            if not math.isfinite(dev[key]):
+                raise TraceError(f"{label}: field device.{key}: bandwidth must be finite")
+
+
+def _layer(raw: dict[str, Any]) -> Layer:
+    ws = tuple(Workspace(algo=w["algo"], bytes=int(w["bytes"]), fwd_ms=float(w["fwd_ms"]),
+                         bwd_ms=float(w["bwd_ms"]),
+                         bwd_bytes=int(w["bwd_bytes"]) if "bwd_bytes" in w else None)
+               for w in raw.get("workspace", []))
+    return Layer(id=raw["id"], name=raw["name"], kind=raw["kind"],
+                 inputs=tuple(raw["inputs"]), output_bytes=int(raw["output_bytes"]),
+                 param_bytes=int(raw["param_bytes"]), fwd_ms=float(raw["fwd_ms"]),
+                 bwd_ms=float(raw["bwd_ms"]), bwd_reads=frozenset(raw["bwd_reads"]),
+                 saved_extra_bytes=int(raw.get("saved_extra_bytes", 0)), workspace=ws,
+                 extra={k: v for k, v in raw.items() if k not in _LAYER_KEYS})
+
+
+def from_dict(doc: Any, label: str = "<trace>") -> Trace:
+    """Validate a parsed trace document and build a :class:`Trace`."""
+    _schema_check(doc, label)
+    _semantic_check(doc, label)
+    dev = doc.get("device")
+    device = DEFAULT_DEVICE if dev is None else Device(
+        name=str(dev.get("name", "unnamed")), memory_bytes=int(dev["memory_bytes"]),
+        h2d_Bps=float(dev["h2d_bytes_per_s"]), d2h_Bps=float(dev["d2h_bytes_per_s"]))
+    return Trace(model=doc["model"], batch=int(doc["batch"]),
+                 layers=tuple(_layer(r) for r in doc["layers"]), device=device,
+                 dtype=doc.get("dtype", "float32"),
+                 input_shape=tuple(doc.get("input_shape", ())),
+                 source=dict(doc.get("source", {})),
+                 extra={k: v for k, v in doc.items() if k not in _TOP_KEYS},
+                 path=None if label == "<trace>" else label)
+
+
+def _reject_constant(token: str) -> float:
+    raise ValueError(f"non-finite number {token}")
+
+
+def load(path: str | Path) -> Trace:
+    """Read and validate a trace file; raise :class:`TraceError` on any problem."""
+    label = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{label}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{label}: cannot read: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{label}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                         f"{exc.msg}") from None
+    return from_dict(doc, label)
+
+
+def to_dict(trace: Trace) -> dict[str, Any]:
+    """The ``snsim.trace/1`` document of a trace (inverse of :func:`from_dict`)."""
+    layers = []
+    for layer in trace.layers:
+        raw: dict[str, Any] = {
+            "id": layer.id, "name": layer.name, "kind": layer.kind,
+            "inputs": list(layer.inputs), "output_bytes": layer.output_bytes,
+            "param_bytes": layer.param_bytes, "fwd_ms": layer.fwd_ms,
+            "bwd_ms": layer.bwd_ms,
+            "bwd_reads": [r for r in ("inputs", "output") if r in layer.bwd_reads],
+        }
+        if layer.saved_extra_bytes:
+            raw["saved_extra_bytes"] = layer.saved_extra_bytes
+        if layer.workspace:
+            raw["workspace"] = []
+            for w in layer.workspace:
+                entry = {"algo": w.algo, "bytes": w.bytes, "fwd_ms": w.fwd_ms,
+                         "bwd_ms": w.bwd_ms}
+                if w.bwd_bytes is not None:
+                    entry["bwd_bytes"] = w.bwd_bytes
+                raw["workspace"].append(entry)
+        raw.update(layer.extra)
+        layers.append(raw)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "model": trace.model, "batch": trace.batch, "dtype": trace.dtype,
+        "input_shape": list(trace.input_shape), "source": dict(trace.source),
+        "device": {"name": trace.device.name, "memory_bytes": trace.device.memory_bytes,
+                   "h2d_bytes_per_s": trace.device.h2d_Bps,
+                   "d2h_bytes_per_s": trace.device.d2h_Bps},
+    }
+    doc.update(trace.extra)
+    doc["layers"] = layers
+    return doc
+
+
+def save(trace: Trace, path: str | Path) -> None:
+    """Validate and write a trace whole (temp file + rename)."""
+    doc = to_dict(trace)
+    from_dict(doc, str(path))  # never write a file snsim itself would refuse
+    write_json(path, doc)

@@ -1,0 +1,103 @@
+"""Typed, frozen records of a trace (DESIGN.md section 1).
+
+Units are fixed at load: bytes are ``int``, times are milliseconds, bandwidth
+is bytes per second.  Optional fields the loader does not know are kept in
+``extra`` so that a trace survives a load/save round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "snsim.trace/1"
+
+KINDS = frozenset({
+    "data", "conv", "fc", "pool", "act", "bn", "lrn", "dropout", "add", "concat",
+    "loss", "softmax", "matmul", "attention", "norm", "embedding", "other",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """One convolution algorithm choice with its workspace and times."""
+
+    algo: str
+    bytes: int
+    fwd_ms: float
+    bwd_ms: float
+    bwd_bytes: int | None = None
+
+    @property
+    def fwd_bytes(self) -> int:
+        return self.bytes
+
+    @property
+    def backward_bytes(self) -> int:
+        return self.bytes if self.bwd_bytes is None else self.bwd_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    id: int
+    name: str
+    kind: str
+    inputs: tuple[int, ...]
+    output_bytes: int
+    param_bytes: int
+    fwd_ms: float
+    bwd_ms: float
+    bwd_reads: frozenset[str]
+    saved_extra_bytes: int = 0
+    workspace: tuple[Workspace, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def reads_inputs(self) -> bool:
+        return "inputs" in self.bwd_reads
+
+    @property
+    def reads_output(self) -> bool:
+        return "output" in self.bwd_reads
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    memory_bytes: int
+    h2d_Bps: float
+    d2h_Bps: float
+
+
+# A device for traces that carry none: the paper's 12 GB K40c over PCIe 3.0 x16.
+DEFAULT_DEVICE = Device(name="default (K40c-like, 12 GiB, PCIe3 x16)",
+                        memory_bytes=12 * 2**30, h2d_Bps=12e9, d2h_Bps=12e9)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    model: str
+    batch: int
+    layers: tuple[Layer, ...]
+    device: Device = DEFAULT_DEVICE
+    dtype: str = "float32"
+    input_shape: tuple[int, ...] = ()
+    source: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    path: str | None = field(default=None, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def static_bytes(self) -> int:
+        """Weights and weight gradients, resident for the whole iteration."""
+        return 2 * self.param_bytes
+
+    @property
+    def label(self) -> str:
+        return self.path or self.model

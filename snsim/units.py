@@ -1,0 +1,55 @@
+"""Sizes and durations: parse once at the edge, keep ``_bytes``/``_ms`` inside."""
+
+from __future__ import annotations
+
+import re
+
+from snsim.errors import SnsimError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``12GiB``, ``12GB``, ``512MiB``, ``1.5G`` or plain bytes into bytes.
+
+    Binary suffixes (KiB, MiB, GiB, and the bare K/M/G) are powers of 1024;
+    decimal ones (KB, MB, GB) powers of 1000.  Raises :class:`SnsimError`
+    with the offending text on anything else.
+    """
+    if isinstance(text, int):
+        if text < 0:
+            raise SnsimError(f"size must not be negative, got {text}")
+        return text
+    m = _SIZE.match(str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise SnsimError(
+            f"cannot read size {text!r}: use plain bytes or a number with "
+            "B, KB, MB, GB, KiB, MiB, GiB (e.g. 12GiB, 512MiB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    return int(round(value))
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Human-readable binary size, e.g. ``1.50 GiB``."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 1000:
+        return f"{ms / 1000:.3f} s"
+    return f"{ms:.3f} ms"
