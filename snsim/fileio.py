@@ -55,6 +55,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                                dir=folder)
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give a normal file's mode
     try:
         yield tmp_path
         os.replace(tmp_path, target)

@@ -225,4 +225,4 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
                        if feasible and iteration_ms > 0 else 0.0),
         reason=reason, forward_end_ms=run.forward_end_ms,
         policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
-        intervals=tuple(run.intervals))
+        intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)))

@@ -80,25 +80,28 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
         lid = raw["id"]
         where = f"{label}: layer {idx} ({raw['name']})"
         if lid in seen:
-            raise TraceError(f"{where}: field id: duplicate id {lid}")
+            raise TraceError(f"{where}, field id: duplicate id {lid}")
         seen.add(lid)
         if lid != idx:
-            raise TraceError(f"{where}: field id: id {lid} must equal its index {idx}")
+            raise TraceError(f"{where}, field id: id {lid} must equal its index {idx}")
         for j in raw["inputs"]:
+            if j >= len(layers):
+                raise TraceError(f"{where}, field inputs: input {j} does not exist "
+                                 f"(the trace has {len(layers)} layers)")
             if j >= idx:
-                raise TraceError(f"{where}: field inputs: input {j} is not an earlier layer "
+                raise TraceError(f"{where}, field inputs: input {j} is not an earlier layer "
                                  f"(inputs must be smaller than the layer id)")
         for key in ("fwd_ms", "bwd_ms"):
             if not math.isfinite(raw[key]):
-                raise TraceError(f"{where}: field {key}: time must be finite, got {raw[key]}")
+                raise TraceError(f"{where}, field {key}: time must be finite, got {raw[key]}")
         for k, ws in enumerate(raw.get("workspace", [])):
             for key in ("fwd_ms", "bwd_ms"):
                 if not math.isfinite(ws[key]):
-                    raise TraceError(f"{where}: field workspace.{k}.{key}: time must be finite")
+                    raise TraceError(f"{where}, field workspace.{k}.{key}: time must be finite")
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
-            raise TraceError(f"{where}: field inputs: only data layers may have no inputs")
+            raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
     if layers[0]["inputs"]:
-        raise TraceError(f"{label}: layer 0 ({layers[0]['name']}): field inputs: "
+        raise TraceError(f"{label}: layer 0 ({layers[0]['name']}), field inputs: "
                          "the first layer cannot have inputs")
     dev = doc.get("device")
     if dev is not None:

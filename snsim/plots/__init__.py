@@ -1,0 +1,1 @@
+"""Plots (matplotlib, Agg backend).  Colour and marker per policy live in ``style``."""

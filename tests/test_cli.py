@@ -1,0 +1,142 @@
+"""Smoke runs of every CLI command and flag, and its error handling."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from snsim.cli import main
+
+ROOT = pathlib.Path(__file__).parent.parent
+TRACE = str(ROOT / "traces" / "shaped_resnet50.json")
+SMALL = str(ROOT / "traces" / "shaped_cnn_chain.json")
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_simulate_table(capsys):
+    code, out, err = run_cli(capsys, "simulate", SMALL, "--policy", "liveness")
+    assert code == 0 and err == ""
+    assert "peak memory" in out and "lower bound" in out
+
+
+def test_simulate_json_is_exact_json(capsys):
+    code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "liveness", "--json")
+    assert code == 0
+    d = json.loads(out)
+    for key in ("policy", "trace", "budget_bytes", "feasible", "peak_bytes", "static_bytes",
+                "lower_bound_bytes", "iteration_ms", "compute_ms", "recompute_ms",
+                "stall_ms", "h2d_bytes", "d2h_bytes", "samples_per_s"):
+        assert key in d
+    assert d["policy"] == "liveness" and d["budget_bytes"] is None and d["feasible"] is True
+    assert isinstance(d["peak_bytes"], int) and isinstance(d["iteration_ms"], float)
+    assert d["samples_per_s"] == pytest.approx(32 / (d["iteration_ms"] / 1000))
+
+
+def test_simulate_all_json_is_ranked_list(capsys):
+    code, out, _ = run_cli(capsys, "simulate", SMALL, "--policy", "all", "--json",
+                           "--budget", "1.2xlb")
+    rows = json.loads(out)
+    assert isinstance(rows, list) and {r["policy"] for r in rows} >= {"none", "liveness"}
+    feas = [r["feasible"] for r in rows]
+    assert feas == sorted(feas, reverse=True)           # feasible first
+    ok = [r["samples_per_s"] for r in rows if r["feasible"]]
+    assert ok == sorted(ok, reverse=True)
+    for r in rows:
+        if not r["feasible"]:
+            assert r["reason"]
+
+
+def test_simulate_all_table(capsys):
+    code, out, _ = run_cli(capsys, "simulate", SMALL, "--policy", "all")
+    assert code == 0 and "peak/LB" in out and "time/compute" in out
+
+
+@pytest.mark.parametrize("budget", ["12GiB", "12GB", "512MiB", "900000000", "1.5xlb"])
+def test_budget_forms(capsys, budget):
+    code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "none", "--json",
+                           "--budget", budget)
+    assert code == 0
+    assert json.loads(out)["budget_bytes"] > 0
+
+
+def test_infeasible_is_an_outcome(capsys):
+    code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "none", "--json",
+                           "--budget", "2GiB")
+    d = json.loads(out)
+    assert code == 0 and d["feasible"] is False and "bytes short" in d["reason"]
+
+
+def test_timeline_and_chrome_trace(capsys, tmp_path):
+    png, chrome = tmp_path / "m.png", tmp_path / "c.json"
+    code, _, _ = run_cli(capsys, "simulate", SMALL, "--policy", "liveness",
+                         "--timeline", str(png), "--chrome-trace", str(chrome))
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(chrome.read_text())
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert "F1" in names and "memory" in names
+    assert doc["otherData"]["snsim"]["config"]["policy"] == "liveness"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "m.png"]
+
+
+def test_timeline_all_policies(capsys, tmp_path):
+    png = tmp_path / "all.png"
+    assert run_cli(capsys, "simulate", SMALL, "--policy", "all", "--timeline", str(png))[0] == 0
+    assert png.stat().st_size > 1000
+
+
+def test_info_schedule_policies(capsys):
+    code, out, _ = run_cli(capsys, "info", TRACE)
+    assert code == 0 and "lower bound" in out and "conv" in out
+    code, out, _ = run_cli(capsys, "schedule", SMALL, "--policy", "liveness")
+    assert code == 0 and "compute F0" in out and "free X0" in out
+    code, out, _ = run_cli(capsys, "policies")
+    assert code == 0 and "liveness" in out and "none" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", TRACE, "--policy", "bogus"], "unknown policy 'bogus'"),
+    (["simulate", "/nonexistent/t.json"], "no such file"),
+    (["simulate", TRACE, "--budget", "lots"], "cannot read size 'lots'"),
+    (["simulate", TRACE, "--budget", "1MiB"], "impossible budget '1MiB'"),
+    (["simulate", TRACE, "--policy", "all", "--chrome-trace", "x.json"], "needs one policy"),
+    (["info", str(ROOT / "pyproject.toml")], "invalid JSON"),
+])
+def test_errors_are_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("snsim: error: ") and message in err and err.count("\n") == 1
+
+
+def test_error_leaves_no_output_file(capsys, tmp_path):
+    png = tmp_path / "m.png"
+    code, _, _ = run_cli(capsys, "simulate", TRACE, "--policy", "bogus", "--timeline", str(png))
+    assert code == 2 and not png.exists()
+    code, _, err = run_cli(capsys, "simulate", SMALL, "--timeline",
+                           str(tmp_path / "nodir" / "m.png"), "--policy", "liveness")
+    assert code == 2 and "does not exist" in err and list(tmp_path.iterdir()) == []
+
+
+def test_console_script_without_torch():
+    """The installed command runs, prints exact JSON, and never imports torch."""
+    code = ("import sys, runpy; sys.argv=['snsim','simulate',%r,'--policy','liveness','--json'];"
+            "from snsim.cli import main; rc=main(); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)") % SMALL
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["feasible"] is True
+
+
+def test_usage_error_one_line():
+    p = subprocess.run([sys.executable, "-m", "snsim.cli", "simulate"], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
