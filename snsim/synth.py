@@ -188,7 +188,7 @@ def chain(n: int, batch: int = 16, width: int = 64, image: int = 32) -> Trace:
     sb = ShapeBuilder(f"chain{n}", batch, (width, image, image))
     x, k = 0, 0
     while len(sb.nodes) < n - 1:
-        x = (sb.conv(x, width, 3), sb.bn, sb.relu)[k % 3](x) if k % 3 else sb.conv(x, width, 3)
+        x = sb.conv(x, width, 3) if k % 3 == 0 else (sb.bn(x) if k % 3 == 1 else sb.relu(x))
         k += 1
     sb.loss(x)
     return sb.build(f"{n}-layer conv/bn/relu chain")
