@@ -43,7 +43,7 @@ class _Run:
         self.offloading: dict = {}    # tensor -> completion event of its D2H copy
         self.inbound: dict = {}       # tensor -> completion event of its H2D copy
         self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
-        self.deferred: set = set()    # frees waiting for their offload to end
+        self.deferred: dict = {}      # tensor -> bytes of freed copies waiting for their offload
         self.freed_event = self.env.event()
         self.stall_ms = 0.0
         self.recompute_ms = 0.0
@@ -136,7 +136,9 @@ class _Run:
             elif type(op) is Free:
                 t = op.tensor
                 if t in self.offloading:
-                    self.deferred.add(t)
+                    # The device copy leaves ``resident`` now (a prefetch may bring
+                    # the tensor back before the copy ends) but holds memory until then.
+                    self.deferred[t] = self.deferred.get(t, 0) + self.resident.pop(t)
                 else:
                     self._release(t)
             elif type(op) is Offload:
@@ -191,8 +193,10 @@ class _Run:
                 if self.offloading.get(t) is ev:
                     del self.offloading[t]
                 if t in self.deferred:
-                    self.deferred.discard(t)
-                    self._release(t)
+                    self.level -= self.deferred.pop(t)
+                    if self.record:
+                        self.timeline.append(MemoryPoint(env.now, self.level,
+                                                         "free " + tensor_name(t)))
                     old, self.freed_event = self.freed_event, env.event()
                     old.succeed()
 
