@@ -1,0 +1,131 @@
+"""``dtr``: Dynamic Tensor Rematerialization (Kirisame et al., ICLR 2021).
+
+Replays the route under the budget the way DTR's runtime would: liveness
+frees what the route no longer needs; when an allocation does not fit, the
+resident forward result (output and saved extras of one layer) with the
+smallest ``h = cost / (size x staleness)`` is evicted, and a step that needs
+an evicted tensor recomputes it on demand (``R`` steps), recursively through
+evicted or freed inputs; temporaries made only to recompute are freed right
+after.  ``cost`` is the layer's forward time plus that of its inputs that are
+not resident (a one-level stand-in for DTR's evicted neighbourhood);
+``staleness`` is the planned compute time since the tensor was last used.
+Gradients and the data layer's output are never evicted.  Without a budget
+tighter than the liveness peak nothing is evicted: the plan is liveness.
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph, Step, Tensor
+from snsim.policies import register
+from snsim.policies import tools
+from snsim.policies.base import PlanContext
+from snsim.schedule.ops import Compute, Free, Op, Schedule
+
+
+class _DTR:
+    def __init__(self, graph: Graph, capacity: int):
+        self.g, self.cap = graph, capacity
+        self.level = graph.trace.static_bytes
+        self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
+        self.pins: dict[Tensor, int] = {}
+        self.ops: list[Op] = []
+        self.clock = 0.0
+        self.pos = 0
+        self.reason: str | None = None
+        self.evictions = 0
+
+    def pin(self, ts) -> None:
+        for t in ts:
+            self.pins[t] = self.pins.get(t, 0) + 1
+
+    def unpin(self, ts) -> None:
+        for t in ts:
+            self.pins[t] -= 1
+
+    def _victim(self):
+        g, res, pins = self.g, self.resident, self.pins
+        best, best_h = None, None
+        for t, seen in res.items():
+            if t[0] == "G" or t[1] == 0 or pins.get(t):
+                continue
+            j = t[1]
+            if t[0] == "S" and ("X", j) in res:
+                continue   # saved extras go with their output (an R step remakes both)
+            unit = [t]
+            other = ("S", j)
+            if t[0] == "X" and other in res and not pins.get(other):
+                unit.append(other)
+            size = sum(g.size(u) for u in unit)
+            if size <= 0:
+                continue
+            cost = g.layers[j].fwd_ms + sum(
+                g.layers[x].fwd_ms for x in g.layers[j].inputs if ("X", x) not in res)
+            h = cost / (size * (self.clock - seen + 1e-3))
+            if best_h is None or h < best_h:
+                best, best_h = unit, h
+        return best
+
+    def make_room(self, need: int, step: Step) -> None:
+        while self.level + need > self.cap:
+            unit = self._victim()
+            if unit is None:
+                if self.reason is None:
+                    self.reason = "after evicting every evictable tensor, " + tools.shortfall(
+                        self.g, step, self.level + need - self.cap, self.cap)
+                return
+            for t in unit:
+                self.free(t)
+            self.evictions += 1
+
+    def free(self, t: Tensor) -> None:
+        del self.resident[t]
+        self.level -= self.g.size(t)
+        self.ops.append(Free(t))
+
+    def compute(self, step: Step) -> None:
+        g = self.g
+        needs, allocs = g.needs(step), g.allocs(step)
+        self.pin(needs)
+        for t in needs:
+            if t not in self.resident:
+                self.remat(t, step)
+        self.pin(allocs)
+        new = [t for t in allocs if t not in self.resident]
+        self.make_room(sum(g.size(t) for t in new) + g.workspace_bytes(step), step)
+        self.ops.append(Compute(*step))
+        self.clock += g.step_ms(step)
+        for t in new:
+            self.level += g.size(t)
+        for t in needs + tuple(new):
+            self.resident[t] = self.clock
+        self.unpin(needs)
+        self.unpin(allocs)
+
+    def remat(self, t: Tensor, step: Step) -> None:
+        """Recompute layer ``t[1]``'s forward, first its missing inputs."""
+        j = t[1]
+        r = ("R", j)
+        self.compute(r)
+        # Temporaries: inputs and outputs the route no longer needs.
+        last = self.g.last_use
+        for u in self.g.needs(r) + self.g.allocs(r):
+            if u in self.resident and last.get(u, -1) < self.pos and not self.pins.get(u):
+                self.free(u)
+
+
+def plan_dtr_ops(graph: Graph, capacity: int) -> tuple[list[Op], dict, str | None]:
+    d = _DTR(graph, capacity)
+    _, frees = tools.use_positions(graph, graph.route)
+    for p, step in enumerate(graph.route):
+        d.pos = p
+        d.compute(step)
+        for t in frees[p]:
+            if t in d.resident:
+                d.free(t)
+    return d.ops, {"evictions": d.evictions}, d.reason
+
+
+@register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
+def plan_dtr(ctx: PlanContext) -> Schedule:
+    ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes)
+    return tools.finish("dtr", ctx.graph, ops, ctx.budget_bytes, stats, reason)

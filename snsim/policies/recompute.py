@@ -1,0 +1,80 @@
+"""Recomputation after SuperNeurons: ``recompute-speed``, ``recompute-memory``,
+``cost-aware``.
+
+All three keep only checkpoint outputs after forward (conv, fc, add, concat,
+data, loss, softmax and forks; :func:`tools.checkpoints`) and recompute the
+rest in backward as ``R`` steps; liveness frees everything after its last use.
+They differ per segment (the run of non-checkpoint layers after a checkpoint):
+
+* speed-centric: the segment is re-run once, before the first backward step
+  that needs one of its tensors, and its results are kept until liveness frees
+  them (linear extra compute);
+* memory-centric: before each backward step, the segment is re-run from its
+  checkpoint up to what that step needs, each recomputed tensor freed once the
+  next one exists; a tensor the next backward step also needs is kept for it
+  (quadratic extra compute, least memory);
+* cost-aware (DESIGN section 3): speed-centric when the sum of the segment's
+  layers' forward memory (inputs, output, saved extras, workspace) is at most
+  ``l_peak``, the largest layer's backward memory; else memory-centric.
+
+These plans are static: a budget does not change them (the simulator reports a
+shortfall).  Note 2: when recomputation would raise the peak above what
+``liveness`` reaches (possible on small graphs, where a recomputed tensor
+briefly coexists with tensors liveness had already freed), the planner keeps
+the ``liveness`` plan instead and says so in ``stats["fallback"]``.
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph
+from snsim.policies import register
+from snsim.policies import tools
+from snsim.policies.base import PlanContext
+from snsim.policies.liveness import liveness_ops
+from snsim.schedule.ops import Schedule
+
+
+def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool], dict]:
+    """Per layer: speed-centric (True) or memory-centric, and a summary."""
+    segs, _ = tools.segments(graph, keep)
+    speed = [True] * graph.n
+    lp = tools.l_peak(graph)
+    n_speed = 0
+    for seg in segs:
+        if mode == "speed":
+            fast = True
+        elif mode == "memory":
+            fast = False
+        else:
+            fast = sum(tools.layer_fwd_bytes(graph, i) for i in seg) <= lp
+        n_speed += fast
+        for i in seg:
+            speed[i] = fast
+    return speed, {"segments": len(segs), "speed_segments": n_speed,
+                   "memory_segments": len(segs) - n_speed, "l_peak_bytes": lp}
+
+
+def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> Schedule:
+    g = ctx.graph
+    speed, stats = segment_modes(g, keep, mode)
+    ops = tools.liveness_seq(g, tools.recompute_sequence(g, keep, speed))
+    base = liveness_ops(g)
+    if tools.planned_peak(g, ops)[0] > tools.planned_peak(g, base)[0]:
+        ops, stats = base, {**stats, "fallback": "liveness"}   # note 2
+    return tools.finish(name, g, ops, ctx.budget_bytes, stats)
+
+
+@register("recompute-speed", "recompute non-checkpoint layers once per segment", order=40)
+def plan_speed(ctx: PlanContext) -> Schedule:
+    return plan_recompute("recompute-speed", ctx, tools.checkpoints(ctx.graph), "speed")
+
+
+@register("recompute-memory", "recompute each segment from its checkpoint per backward step",
+          order=41)
+def plan_memory(ctx: PlanContext) -> Schedule:
+    return plan_recompute("recompute-memory", ctx, tools.checkpoints(ctx.graph), "memory")
+
+
+@register("cost-aware", "speed- or memory-centric recomputation per segment by l_peak", order=42)
+def plan_cost_aware(ctx: PlanContext) -> Schedule:
+    return plan_recompute("cost-aware", ctx, tools.checkpoints(ctx.graph), "cost")

@@ -1,0 +1,69 @@
+"""``superneurons``: liveness + unified tensor pool + cost-aware recomputation
++ dynamic convolution workspaces (Wang et al., PPoPP 2018).
+
+The pieces are the other modules' (:mod:`.recompute`, :mod:`.utp`) joined on
+one step sequence: forward, then backward with recomputed segments inserted;
+checkpoint outputs live in the LRU tensor cache (evicted under the budget,
+prefetched one checkpoint ahead, paper mode), everything else follows
+liveness, and each step with workspace choices takes the fastest algorithm
+whose workspace fits the memory free at that step, else the smallest
+(functional tensors first: a workspace never evicts a tensor).
+
+Note 3 (how much recomputation).  The paper's runtime recomputes every
+non-checkpoint layer whatever the memory; it then cannot reach its own
+"leading speed" when memory is plentiful.  This planner knows the budget and
+the route, so it plans three candidates and keeps the fastest that fits
+(estimated with :func:`tools.estimate_ms`, the simulator's rules): no
+recomputation (the cache alone), cost-aware recomputation, and all segments
+memory-centric (least memory).  A plan that fits with no eviction and no
+recomputation is taken at once: it runs at pure compute time.
+``stats["plan"]`` names the candidate chosen.
+"""
+
+from __future__ import annotations
+
+import math
+
+from snsim.graph import Graph
+from snsim.policies import register
+from snsim.policies import tools
+from snsim.policies.base import PlanContext
+from snsim.policies.recompute import segment_modes
+from snsim.policies.utp import checkpoint_cache
+from snsim.schedule.ops import Schedule
+
+CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
+
+
+def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
+    """Ops, stats and shortfall reason of one candidate plan."""
+    if kind == "cache-only":
+        seq, seg_stats = list(graph.route), {}
+    else:
+        speed, seg_stats = segment_modes(graph, keep, "cost" if kind == "cost-aware" else "memory")
+        seq = tools.recompute_sequence(graph, keep, speed)
+    cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True)
+    ops = cache.run()
+    return ops, {**seg_stats, **cache.stats()}, cache.reason
+
+
+@register("superneurons", "liveness + tensor cache + cost-aware recompute + dynamic workspace",
+          order=60)
+def plan_superneurons(ctx: PlanContext) -> Schedule:
+    g = ctx.graph
+    cap = ctx.capacity_bytes
+    keep = tools.checkpoints(g)
+    best = None
+    for kind in CANDIDATES:
+        ops, stats, reason = candidate(g, cap, kind, keep)
+        if reason is None and kind == "cache-only" and stats["evictions"] == 0:
+            best = (0.0, kind, ops, stats, None)
+            break
+        ms = math.inf if reason else tools.estimate_ms(g, ops, cap)
+        if best is None or ms < best[0] or (best[4] and not reason):
+            best = (ms, kind, ops, stats, reason)
+    ms, kind, ops, stats, reason = best
+    stats = {"plan": kind, **stats}
+    if ms and ms < math.inf:
+        stats["estimated_ms"] = round(ms, 6)
+    return tools.finish("superneurons", g, ops, ctx.budget_bytes, stats, reason)

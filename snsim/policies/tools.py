@@ -1,0 +1,482 @@
+"""Planning helpers shared by the swap and recompute policies.
+
+Not a policy (the registry skips a module named ``tools``).  Four pieces:
+
+* SuperNeurons' layer classes: :func:`checkpoints`, :func:`segments`,
+  :func:`l_peak` (DESIGN section 3);
+* :func:`recompute_sequence` turns a keep/drop decision into the route with
+  recomputed forwards (``R`` steps) inserted, and :func:`liveness_seq` adds a
+  :class:`Free` after each tensor's last use on any such step sequence;
+* :func:`planned_peak` and :func:`estimate_ms`: the simulator's memory and
+  time rules replayed without simpy, for planners that choose between plans
+  (a policy never imports the simulator);
+* :class:`CachePlanner` (in ``cache.py`` style, kept here): the unified tensor
+  pool's LRU cache with eviction under the budget and prefetch ahead.
+
+Note 1 (frees and the budget).  The simulator releases a freed tensor whose
+offload is still copying when the copy ends, and an allocation that does not
+fit waits for such frees.  A planner may therefore count every ``Free`` as
+immediate: whatever fits in the planner's count fits in the simulator once
+the copies under way have ended (the wait is a stall, not a failure).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections import OrderedDict
+
+from snsim.graph import Graph, Step, Tensor, step_name
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.units import fmt_bytes
+
+CHECKPOINT_KINDS = frozenset({"conv", "fc", "add", "concat", "data", "loss", "softmax"})
+
+
+# ------------------------------------------------------------ layer classes
+def checkpoints(graph: Graph) -> list[bool]:
+    """SuperNeurons' checkpoint layers: conv, fc, add, concat, data, loss,
+    softmax, the last layer, and any layer with several consumers (a fork)."""
+    n = graph.n
+    return [layer.kind in CHECKPOINT_KINDS or len(graph.consumers[i]) > 1 or i == n - 1
+            for i, layer in enumerate(graph.layers)]
+
+
+def segments(graph: Graph, keep: list[bool]) -> tuple[list[list[int]], list[int]]:
+    """Segments: connected runs of dropped (not kept) layers.
+
+    Returns the segments (layer ids in forward order) and ``seg_of`` (segment
+    index per layer, -1 for kept layers).  With SuperNeurons' checkpoints a
+    dropped layer has at most one consumer, so a segment is the run of layers
+    after a checkpoint along one branch, up to the next checkpoint.
+    """
+    parent = list(range(graph.n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for layer in graph.layers:
+        if keep[layer.id]:
+            continue
+        for j in layer.inputs:
+            if not keep[j]:
+                parent[find(j)] = find(layer.id)
+    index: dict[int, int] = {}
+    segs: list[list[int]] = []
+    seg_of = [-1] * graph.n
+    for i in range(graph.n):
+        if keep[i]:
+            continue
+        r = find(i)
+        if r not in index:
+            index[r] = len(segs)
+            segs.append([])
+        seg_of[i] = index[r]
+        segs[index[r]].append(i)
+    return segs, seg_of
+
+
+def layer_bwd_bytes(graph: Graph, i: int) -> int:
+    """``l_i``: bytes B_i needs and allocates plus its workspace (no params)."""
+    step = ("B", i)
+    return graph.step_bytes(step) + graph.workspace_bytes(step)
+
+
+def layer_fwd_bytes(graph: Graph, i: int) -> int:
+    """Forward memory of a layer: inputs, output, saved extras, workspace."""
+    step = ("F", i)
+    return graph.step_bytes(step) + graph.workspace_bytes(step)
+
+
+def l_peak(graph: Graph) -> int:
+    """``l_peak = max l_i`` over the route's backward steps."""
+    return max((layer_bwd_bytes(graph, i) for p, i in graph.route if p == "B"), default=0)
+
+
+# ------------------------------------------------------------ sequences
+def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
+    """The route with ``R`` steps inserted for dropped layers.
+
+    A dropped layer's output (and saved extras) is freed after its forward
+    uses; before a backward step that needs it, it is recomputed from the
+    nearest kept ancestors (recursively through dropped inputs).  Per layer,
+    ``speed[i]`` says how long a recomputed tensor is reused: speed-centric
+    keeps it for every later step (each layer recomputed at most once),
+    memory-centric only while the next route step needs it too (so the
+    segment is re-run from its checkpoint for each backward step).
+    """
+    n = graph.n
+    seq: list[Step] = [("F", i) for i in range(n)]
+    avail: set[int] = set()   # dropped layers whose recomputed result is reusable
+    needs = graph.needs
+    layers = graph.layers
+    back = graph.route[n:]
+
+    def ensure(j: int) -> None:
+        if j in avail:
+            return
+        for x in layers[j].inputs:
+            if not keep[x]:
+                ensure(x)
+        seq.append(("R", j))
+        avail.add(j)
+
+    for k, step in enumerate(back):
+        for t in needs(step):
+            if t[0] != "G" and not keep[t[1]]:
+                ensure(t[1])
+        seq.append(step)
+        if avail:
+            nxt = {t[1] for t in needs(back[k + 1]) if t[0] != "G"} if k + 1 < len(back) else set()
+            avail = {j for j in avail if speed[j] or j in nxt}
+    return seq
+
+
+def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor]]]:
+    """Positions where each tensor is needed or allocated, and liveness frees.
+
+    Returns ``uses`` (tensor -> sorted positions) and ``frees`` (position ->
+    tensors whose current instance is last used there: a tensor that is
+    allocated again later is freed after its last use before that).
+    """
+    needs, allocs = graph.needs, graph.allocs
+    uses: dict[Tensor, list[int]] = {}
+    last: dict[Tensor, int] = {}
+    frees: list[list[Tensor]] = [[] for _ in seq]
+    for p, step in enumerate(seq):
+        for t in needs(step):
+            last[t] = p
+            uses.setdefault(t, []).append(p)
+        for t in allocs(step):
+            q = last.get(t)
+            if q is not None and q != p:
+                frees[q].append(t)
+            last[t] = p
+            uses.setdefault(t, []).append(p)
+    for t, q in last.items():
+        frees[q].append(t)
+    return uses, frees
+
+
+def liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
+    """Compute each step of ``seq`` and free each tensor after its last use."""
+    _, frees = use_positions(graph, seq)
+    ops: list[Op] = []
+    for p, (phase, i) in enumerate(seq):
+        ops.append(Compute(phase, i))
+        ops.extend(Free(t) for t in frees[p])
+    return ops
+
+
+def recompute_stats(graph: Graph, ops: list[Op]) -> dict:
+    rs = [op for op in ops if type(op) is Compute and op.phase == "R"]
+    return {"recomputed_layers": len(rs),
+            "recompute_planned_ms": round(sum(graph.step_ms(op.step, op.algo) for op in rs), 6)}
+
+
+# ------------------------------------------------------------ replay rules
+def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
+                 ) -> tuple[int, str | None]:
+    """Peak level of ``ops`` counting frees as immediate (note 1), and the
+    first step that does not fit ``capacity`` (None if all fit)."""
+    size = graph.size
+    level = peak = graph.trace.static_bytes
+    resident: set = set()
+    reason = None
+    for op in ops:
+        tp = type(op)
+        if tp is Compute:
+            step = op.step
+            add = graph.workspace_bytes(step, op.algo)
+            for t in graph.allocs(step):
+                if t not in resident:
+                    resident.add(t)
+                    level += size(t)
+            top = level + add
+            if top > peak:
+                peak = top
+            if capacity is not None and reason is None and top > capacity:
+                reason = shortfall(graph, step, top - capacity, capacity)
+        elif tp is Free:
+            resident.discard(op.tensor)
+            level -= size(op.tensor)
+        elif tp is Prefetch:
+            resident.add(op.tensor)
+            level += size(op.tensor)
+            if level > peak:
+                peak = level
+    return peak, reason
+
+
+def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
+    return (f"step {step_name(step)} ({graph.layers[step[1]].name}) is {short} bytes "
+            f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
+
+
+def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
+    """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
+    "Time"), without simpy; ``inf`` when an allocation can never fit."""
+    size = graph.size
+    dev = graph.trace.device
+    d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
+    now = d2h = h2d = 0.0
+    level = graph.trace.static_bytes
+    resident: set = set()
+    off_done: dict = {}
+    in_done: dict = {}
+    pending: list = []   # (time, bytes) of frees under way
+
+    def fit(need: int) -> bool:
+        nonlocal now, level
+        while pending and pending[0][0] <= now:
+            level -= heapq.heappop(pending)[1]
+        while level + need > capacity:
+            if not pending:
+                return False
+            t, b = heapq.heappop(pending)
+            now = max(now, t)
+            level -= b
+        return True
+
+    for op in ops:
+        tp = type(op)
+        if tp is Compute:
+            step = op.step
+            new = [t for t in graph.allocs(step) if t not in resident]
+            nb = sum(size(t) for t in new)
+            if not fit(nb + graph.workspace_bytes(step, op.algo)):
+                return math.inf
+            resident.update(new)
+            level += nb
+            now += graph.step_ms(step, op.algo)
+        elif tp is Free:
+            t = op.tensor
+            resident.discard(t)
+            done = off_done.get(t, 0.0)
+            if done > now:
+                heapq.heappush(pending, (done, size(t)))
+            else:
+                level -= size(t)
+        elif tp is Offload:
+            d2h = max(d2h, now) + size(op.tensor) * d2h_ms
+            off_done[op.tensor] = d2h
+        elif tp is Prefetch:
+            t = op.tensor
+            if not fit(size(t)):
+                return math.inf
+            resident.add(t)
+            level += size(t)
+            h2d = max(h2d, now, off_done.get(t, 0.0)) + size(t) * h2d_ms
+            in_done[t] = h2d
+        elif tp is Wait:
+            t = op.tensor
+            done = in_done.pop(t, None)
+            now = max(now, off_done.get(t, 0.0) if done is None else done)
+    return max(now, d2h, h2d)
+
+
+# ------------------------------------------------------------ tensor cache
+_RES, _HOST, _IN = 1, 2, 3
+
+
+class CachePlanner:
+    """Plan a step sequence with an LRU tensor cache under a memory budget.
+
+    Walks ``seq`` (route steps and recomputations) and emits ops: liveness
+    frees, and for ``evictable`` tensors (the unified tensor pool's) an
+    eviction when an allocation would exceed ``capacity`` (least recently used
+    first), a prefetch of evicted tensors needed up to the next ``boundary``
+    position (issued at each boundary, so copies overlap compute), and a
+    synchronous fetch of anything still missing when a step needs it.
+
+    Modes: ``sync=False`` (paper) copies a tensor out asynchronously right
+    after the step that makes it, so an eviction only frees it; only tensors
+    the plan evicts get that copy, as the whole route is known when planning
+    (``offload_all=True`` copies every evictable tensor, like the paper's
+    runtime).  ``sync=True`` (release) copies out at eviction time and waits
+    for it, and brings tensors back on demand only (no prefetch).
+    ``dyn_ws`` picks, for each step with workspace choices, the fastest
+    algorithm whose workspace fits the memory then free, else the smallest.
+    """
+
+    def __init__(self, graph: Graph, seq: list[Step], capacity: int, evictable,
+                 boundary=None, sync: bool = False, dyn_ws: bool = False,
+                 offload_all: bool = False):
+        self.g, self.seq, self.cap = graph, seq, capacity
+        self.evictable = evictable
+        self.boundary = boundary if boundary is not None and not sync else None
+        self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
+        self.uses, self.frees = use_positions(graph, seq)
+        self.level = graph.trace.static_bytes
+        self.state: dict[Tensor, int] = {}
+        self.lru: OrderedDict = OrderedDict()   # evictable resident tensors
+        self.ops: list[Op] = []
+        self.evicted: set = set()
+        self.reason: str | None = None
+        self.n_evict = self.hits = self.misses = self.prefetched = 0
+        self.bytes_in = 0
+
+    # ---- memory
+    def _next_use(self, t: Tensor, p: int) -> int:
+        u = self.uses[t]
+        k = bisect_right(u, p)
+        return u[k] if k < len(u) else 1 << 60
+
+    def _make_room(self, need: int, pinned, p: int, until: int | None = None) -> bool:
+        """Evict LRU tensors until ``need`` more bytes fit.  With ``until``,
+        only tensors not needed before that position (for prefetches)."""
+        if self.level + need <= self.cap:
+            return True
+        size = self.g.size
+        victims = []
+        free = self.cap - self.level
+        for t in self.lru:
+            if t in pinned or (until is not None and self._next_use(t, p) <= until):
+                continue
+            victims.append(t)
+            free += size(t)
+            if free >= need:
+                break
+        if free < need:
+            if until is None:  # a step must run: evict what we can, then overshoot
+                for t in victims:
+                    self._evict(t)
+            return False
+        for t in victims:
+            self._evict(t)
+        return True
+
+    def _evict(self, t: Tensor) -> None:
+        del self.lru[t]
+        self.state[t] = _HOST
+        if self.sync and t not in self.evicted:
+            self.ops.append(Offload(t))
+            self.ops.append(Wait(t))
+        self.evicted.add(t)
+        self.ops.append(Free(t))
+        self.level -= self.g.size(t)
+        self.n_evict += 1
+
+    def _fetch(self, t: Tensor) -> None:
+        self.ops.append(Prefetch(t))
+        self.state[t] = _IN
+        self.level += self.g.size(t)
+        self.bytes_in += self.g.size(t)
+
+    # ---- walk
+    def run(self) -> list[Op]:
+        g, size, state, lru = self.g, self.g.size, self.state, self.lru
+        needs_of, allocs_of = g.needs, g.allocs
+        boundary = self.boundary
+        for p, step in enumerate(self.seq):
+            needs = needs_of(step)
+            allocs = allocs_of(step)
+            pinned = set(needs)
+            pinned.update(allocs)
+            # 1. what this step needs: resident (hit), inbound (prefetched) or on host
+            for t in needs:
+                s = state.get(t, _RES)
+                if s == _IN:
+                    self.ops.append(Wait(t))
+                    state[t] = _RES
+                    lru[t] = None
+                    self.prefetched += 1
+                elif s == _HOST:
+                    self.misses += 1
+                    if not self._make_room(size(t), pinned, p):
+                        self._fail(step, size(t))
+                    self._fetch(t)
+                    self.ops.append(Wait(t))
+                    state[t] = _RES
+                    lru[t] = None
+                elif t in lru:
+                    self.hits += 1
+                    lru.move_to_end(t)
+            # 2. room for what it allocates, with its smallest workspace
+            new = [t for t in allocs if t not in state or state[t] != _RES]
+            nb = sum(size(t) for t in new)
+            min_ws = g.min_workspace_bytes(step) if self.dyn_ws else g.workspace_bytes(step)
+            if not self._make_room(nb + min_ws, pinned, p):
+                self._fail(step, nb + min_ws)
+            # 3. prefetch ahead, leaving room for this step
+            if boundary is not None and boundary[p]:
+                self._prefetch_window(p, nb + min_ws, pinned)
+            # 4. the step, with its workspace algorithm
+            algo = self._algo(step, nb) if self.dyn_ws else 0
+            self.ops.append(Compute(step[0], step[1], algo))
+            for t in new:
+                state[t] = _RES
+                self.level += size(t)
+                if self.evictable(t):
+                    lru[t] = None
+                    if not self.sync:
+                        self.ops.append(Offload(t))
+            # 5. liveness
+            for t in self.frees[p]:
+                s = state.pop(t, None)
+                if s == _RES:
+                    self.ops.append(Free(t))
+                    self.level -= size(t)
+                    lru.pop(t, None)
+        if not self.sync and not self.offload_all:
+            ev = self.evicted
+            self.ops = [op for op in self.ops if type(op) is not Offload or op.tensor in ev]
+        return self.ops
+
+    def _algo(self, step: Step, nb: int) -> int:
+        ws = self.g.layers[step[1]].workspace
+        if not ws:
+            return 0
+        free = self.cap - self.level - nb
+        bwd = step[0] == "B"
+        best, best_ms, small, small_b = None, math.inf, 0, math.inf
+        for k, w in enumerate(ws):
+            b = w.backward_bytes if bwd else w.fwd_bytes
+            ms = self.g.step_ms(step, k)
+            if b <= free and ms < best_ms:
+                best, best_ms = k, ms
+            if b < small_b:
+                small, small_b = k, b
+        return small if best is None else best
+
+    def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
+        seq, boundary, state = self.seq, self.boundary, self.state
+        q = p + 1
+        end = len(seq)
+        while q < end and not boundary[q]:
+            q += 1
+        last = min(q, end - 1)
+        want = []
+        for r in range(p + 1, last + 1):
+            for t in self.g.needs(seq[r]):
+                if state.get(t) == _HOST and t not in want:
+                    want.append(t)
+        for t in want:
+            if not self._make_room(reserve + self.g.size(t), pinned, p, until=last):
+                break
+            self._fetch(t)
+
+    def _fail(self, step: Step, need: int) -> None:
+        if self.reason is None:
+            short = self.level + need - self.cap
+            self.reason = "after evicting every evictable tensor, " + shortfall(
+                self.g, step, short, self.cap)
+
+    def stats(self) -> dict:
+        size = self.g.size
+        off = [op.tensor for op in self.ops if type(op) is Offload]
+        return {"offloaded_bytes": sum(size(t) for t in off), "offloaded_tensors": len(off),
+                "prefetched_bytes": self.bytes_in, "evictions": self.n_evict,
+                "cache_hits": self.hits, "cache_misses": self.misses,
+                "prefetch_hits": self.prefetched}
+
+
+def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,
+           reason: str | None = None) -> Schedule:
+    """A schedule with the recompute counters added to ``stats``."""
+    stats = {**stats, **recompute_stats(graph, ops)}
+    return Schedule(name, ops, budget, stats, reason)

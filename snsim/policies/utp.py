@@ -1,0 +1,49 @@
+"""``utp``: SuperNeurons' unified tensor pool on top of liveness.
+
+Checkpoint outputs (:func:`tools.checkpoints`) live in an LRU tensor cache:
+they stay on the device while memory allows; when an allocation would exceed
+the budget, the least recently used ones are evicted; before each checkpoint
+step, evicted tensors needed up to the next checkpoint step are prefetched
+(one checkpoint ahead, so the copy overlaps compute); anything still missing
+when a step needs it is fetched on demand and waited for (a stall).  Other
+tensors follow liveness.
+
+Paper versus release (SUPERNEURONS.md).  The paper copies checkpoint outputs
+to the host asynchronously after their forward and prefetches in backward;
+that is the default.  The planner sees the whole route, so it copies out only
+the tensors its cache will evict (``offload_all=True`` copies all of them, as
+the paper's runtime does).  The release instead copies a tensor out
+synchronously when an allocation fails, and brings it back synchronously on
+demand, with no prefetch: ``plan_utp(ctx, release=True)``.
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph
+from snsim.policies import register
+from snsim.policies import tools
+from snsim.policies.base import PlanContext
+from snsim.schedule.ops import Schedule
+
+
+def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
+                     dyn_ws: bool = False, offload_all: bool = False) -> tools.CachePlanner:
+    """A :class:`tools.CachePlanner` over checkpoint outputs, prefetching one
+    checkpoint step ahead; ``run()`` it to get the ops."""
+    ckpt = tools.checkpoints(graph)
+    boundary = [ckpt[i] and ph != "R" for ph, i in seq]
+    return tools.CachePlanner(graph, seq, capacity,
+                              evictable=lambda t: True,
+                              boundary=boundary, sync=release, dyn_ws=dyn_ws,
+                              offload_all=offload_all)
+
+
+@register("utp", "liveness + LRU tensor cache of checkpoint outputs, offload/prefetch",
+          order=30)
+def plan_utp(ctx: PlanContext, release: bool = False, offload_all: bool = False) -> Schedule:
+    g = ctx.graph
+    cache = checkpoint_cache(g, list(g.route), ctx.capacity_bytes, release=release,
+                             offload_all=offload_all)
+    ops = cache.run()
+    stats = {**cache.stats(), "mode": "release" if release else "paper"}
+    return tools.finish("utp", g, ops, ctx.budget_bytes, stats, cache.reason)

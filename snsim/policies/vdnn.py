@@ -1,0 +1,91 @@
+"""``vdnn-all`` and ``vdnn-conv``: vDNN (Rhu et al., MICRO 2016).
+
+In forward, the input feature maps of every layer (``vdnn-all``) or of every
+convolution (``vdnn-conv``) that backward will read are copied to the host
+when their first such consumer starts (the copy overlaps that layer) and
+freed after their last forward use; the free completes when the copy does,
+and a later allocation that needs the memory waits for it.  In backward, the
+tensors of the next backward step are prefetched while the current one runs
+(one layer ahead), and each step waits for its own.  Static: the budget does
+not change the plan; the simulator reports a shortfall.
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph
+from snsim.policies import register
+from snsim.policies import tools
+from snsim.policies.base import PlanContext
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+
+
+def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
+    n, route = graph.n, graph.route
+    size = graph.size
+    last = graph.last_use
+    uses, frees = tools.use_positions(graph, route)
+    # Tensors to move: X_j read by backward and input of a chosen consumer.
+    moved: set = set()
+    first_consumer: dict[int, list] = {}
+    fwd_last: dict[int, list] = {}
+    for j in range(n):
+        t = ("X", j)
+        if last.get(t, -1) < n:
+            continue
+        cons = [c for c in graph.consumers[j] if not conv_only or graph.layers[c].kind == "conv"]
+        if not cons:
+            continue
+        moved.add(t)
+        first_consumer.setdefault(min(cons), []).append(t)
+        fwd_last.setdefault(max(u for u in uses[t] if u < n), []).append(t)
+    ops: list[Op] = []
+    on_host: set = set()
+    inbound: set = set()
+    stats = {"offloaded_bytes": 0, "offloaded_tensors": 0, "prefetched_bytes": 0,
+             "cache_misses": 0, "prefetch_hits": 0}
+    for p, step in enumerate(route):
+        if p < n:
+            for t in first_consumer.get(step[1], ()):
+                ops.append(Offload(t))
+                stats["offloaded_bytes"] += size(t)
+                stats["offloaded_tensors"] += 1
+            ops.append(Compute(*step))
+            for t in frees[p]:
+                if t not in moved:
+                    ops.append(Free(t))
+            for t in fwd_last.get(p, ()):
+                ops.append(Free(t))
+                on_host.add(t)
+            continue
+        for t in graph.needs(step):
+            if t in inbound:
+                ops.append(Wait(t))
+                inbound.discard(t)
+                stats["prefetch_hits"] += 1
+            elif t in on_host:
+                ops += [Prefetch(t), Wait(t)]
+                on_host.discard(t)
+                stats["prefetched_bytes"] += size(t)
+                stats["cache_misses"] += 1
+        if p + 1 < len(route):
+            for t in graph.needs(route[p + 1]):
+                if t in on_host:
+                    ops.append(Prefetch(t))
+                    on_host.discard(t)
+                    inbound.add(t)
+                    stats["prefetched_bytes"] += size(t)
+        ops.append(Compute(*step))
+        ops.extend(Free(t) for t in frees[p])
+    return ops, stats
+
+
+@register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead", order=20)
+def plan_vdnn_all(ctx: PlanContext) -> Schedule:
+    ops, stats = vdnn_ops(ctx.graph, conv_only=False)
+    return tools.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
+
+
+@register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead", order=21)
+def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
+    ops, stats = vdnn_ops(ctx.graph, conv_only=True)
+    return tools.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)
