@@ -1,0 +1,445 @@
+"""Graph capture: an ``nn.Module`` -> trace layers in execution order.
+
+torch.fx traces the model into a graph; every graph node that computes a new
+tensor becomes one layer (keyed by node, so a module called twice is two
+layers).  The nodes then run one at a time, each on *leaf* copies of its
+recorded inputs, which gives exact output shapes, the tensors autograd saves
+(through ``torch.autograd.graph.saved_tensors_hooks``) and, for the timing
+modules, a self-contained op to replay (:class:`LayerOp`).  The same code runs
+on a real device (measured mode) and on ``meta`` (modeled mode), so both give
+the same bytes.
+
+Notes the code points back to:
+
+[1] Views fold.  A node whose every output tensor shares storage with one of
+    its inputs (``view``, ``flatten``, ``reshape`` of a contiguous tensor,
+    ``permute``, ``split`` + ``getitem``, ``nn.Identity``, slicing) makes no new
+    tensor: it is not a layer, its consumers read the producer's layer.  A
+    reshape that must copy makes a new tensor and is an ``other`` layer.
+    Nodes that depend on no layer (``arange`` positions, ``size()`` numbers,
+    parameters read with ``get_attr``) are constants, not layers; a parameter
+    counts in the ``param_bytes`` of the first layer that uses it.
+[2] In-place ops (``ReLU(inplace=True)``, ``+=``, ``relu_``) run out of place
+    while profiling, so that a recorded input is never overwritten and each
+    layer owns exactly one output; the layer is marked ``"inplace": true``
+    with ``"inplace_of"`` its input's id, which a policy may use to alias the
+    two.  DESIGN section 2 gives each layer its own ``X_i``, so such a layer is
+    counted as PyTorch-out-of-place (Caffe-style) by the simulator.
+[3] ``saved_extra_bytes``: bytes of the distinct storages autograd saves for
+    the node's backward, minus those that are its inputs, its output,
+    parameters or buffers (weights are static memory), or constants passed to
+    it (the loss's integer targets).  Examples: max-pool indices (int64),
+    dropout's mask (float32 in PyTorch's CPU/meta path), batch-norm
+    mean/invstd, the loss's log-softmax.
+[4] ``bwd_reads`` follows the issue's per-kind rule (what cuDNN-style kernels
+    read: conv/fc/bn/matmul/norm the inputs, max-pool and LRN both, dropout,
+    add and concat nothing); for kinds whose backward depends on the exact op
+    (``act``, ``softmax``, ``other``, average pooling) it is what autograd
+    actually saved: ``inputs`` if a saved storage is an input, ``output`` if
+    it is the output (ReLU/sigmoid/tanh save the output, GELU/SiLU the input).
+[5] The loss is appended after the model's output: cross entropy of the
+    logits (flattened to 2-D) against random integer targets; the targets are
+    a constant, not a layer.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from snsim.errors import SnsimError
+
+# ------------------------------------------------------------------ kinds
+_MODULE_KINDS: list[tuple[tuple[type, ...], str]] = [
+    ((nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+      nn.ConvTranspose3d), "conv"),
+    ((nn.Linear, nn.Bilinear), "fc"),
+    ((nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+      nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+      nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d), "pool"),
+    ((nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+      nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh,
+      nn.Softplus), "act"),
+    ((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm), "bn"),
+    ((nn.LocalResponseNorm,), "lrn"),
+    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout), "dropout"),
+    ((nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+      nn.RMSNorm), "norm"),
+    ((nn.Embedding, nn.EmbeddingBag), "embedding"),
+    ((nn.Softmax, nn.LogSoftmax), "softmax"),
+    ((nn.MultiheadAttention,), "attention"),
+    ((nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss), "loss"),
+]
+_FN_KINDS: dict[Any, str] = {}
+for _kind, _fns in {
+    "conv": (F.conv1d, F.conv2d, F.conv3d, torch.conv2d, torch.conv1d),
+    "fc": (F.linear,),
+    "matmul": (torch.matmul, torch.bmm, torch.mm, operator.matmul, "matmul", "bmm", "mm"),
+    "pool": (F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d,
+             F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d),
+    "act": (F.relu, torch.relu, F.gelu, F.silu, torch.sigmoid, torch.tanh, F.leaky_relu,
+            F.elu, F.hardswish, "relu", "sigmoid", "tanh"),
+    "bn": (F.batch_norm,),
+    "lrn": (F.local_response_norm,),
+    "dropout": (F.dropout, torch.dropout),
+    "norm": (F.layer_norm, F.group_norm, F.rms_norm),
+    "embedding": (F.embedding,),
+    "softmax": (F.softmax, torch.softmax, F.log_softmax, "softmax", "log_softmax"),
+    "attention": (F.scaled_dot_product_attention,),
+    "concat": (torch.cat, torch.concat, torch.concatenate),
+    "add": (operator.add, torch.add, "add"),
+    "loss": (F.cross_entropy, F.nll_loss, F.mse_loss),
+}.items():
+    for _fn in _fns:
+        _FN_KINDS[_fn] = _kind
+
+# Kinds whose bwd_reads come from the per-kind rule [4]; others are observed.
+_BWD_READS = {
+    "data": (), "conv": ("inputs",), "fc": ("inputs",), "matmul": ("inputs",),
+    "bn": ("inputs",), "norm": ("inputs",), "lrn": ("inputs", "output"), "dropout": (),
+    "add": (), "concat": (), "loss": ("inputs",), "embedding": ("inputs",),
+    "attention": ("inputs",),
+}
+_MAX_POOL_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d,
+                     nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_MAX_POOL_FNS = {F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d}
+# In-place functions and their out-of-place twins [2].
+_OUT_OF_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub,
+                 operator.imul: operator.mul, operator.itruediv: operator.truediv,
+                 torch.relu_: torch.relu, F.relu_: F.relu}
+
+
+class Tracer(fx.Tracer):
+    """fx tracer that keeps modules marked ``snsim_leaf = True`` as single nodes."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return getattr(m, "snsim_leaf", False) or super().is_leaf_module(m, qualname)
+
+
+@dataclass
+class LayerOp:
+    """A layer as a replayable op: ``fn(*inputs)`` with ``params`` to differentiate."""
+
+    fn: Callable[..., Any]
+    inputs: list[torch.Tensor]          # recorded input values (detached)
+    params: list[torch.Tensor] = field(default_factory=list)
+    # Per input: does training differentiate through it?  (The data layer's output
+    # and anything computed from it without parameters do not.)
+    grad_inputs: list[bool] | None = None
+
+    def leaves(self) -> list[torch.Tensor]:
+        """Fresh leaf copies of the inputs; those training differentiates require grad."""
+        mask = self.grad_inputs or [True] * len(self.inputs)
+        return [x.detach().requires_grad_(g and x.is_floating_point())
+                for x, g in zip(self.inputs, mask)]
+
+
+@dataclass
+class CapturedLayer:
+    name: str
+    kind: str
+    inputs: tuple[int, ...]
+    output_bytes: int
+    param_bytes: int
+    saved_extra_bytes: int
+    bwd_reads: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    op: LayerOp | None           # None for the data layer
+    target: str = ""
+    inplace_of: int | None = None
+    requires_grad: bool = True
+
+
+@dataclass
+class Capture:
+    layers: list[CapturedLayer]
+    graph_module: fx.GraphModule
+    # fx node name -> layer id it produced or aliases (folded views); None = constant
+    node_layer: dict[str, int | None]
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _sid(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage; works on ``meta`` too (the impl pointer)."""
+    return t.untyped_storage()._cdata
+
+
+def symbolic_trace(model: nn.Module) -> fx.GraphModule:
+    """fx-trace ``model`` or raise :class:`SnsimError` with the reason in one line."""
+    try:
+        graph = Tracer().trace(model)
+    except Exception as exc:  # fx raises many types; all mean "not traceable"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SnsimError(f"torch.fx cannot trace model {type(model).__name__}: {first} "
+                         "(profile needs a model without data-dependent control flow)") from None
+    return fx.GraphModule(model, graph)
+
+
+def _kind(gm: fx.GraphModule, node: fx.Node, n_tensor_args: int) -> tuple[str, bool]:
+    """(DESIGN kind, is max-pool) of a call node."""
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        kind = getattr(mod, "snsim_kind", None)
+        if kind is None:
+            kind = next((k for types, k in _MODULE_KINDS if isinstance(mod, types)), "other")
+        return kind, isinstance(mod, _MAX_POOL_MODULES)
+    target = node.target
+    kind = _FN_KINDS.get(target, "other")
+    if kind == "add" and n_tensor_args < 2:
+        kind = "other"  # tensor + scalar is not a residual join
+    return kind, target in _MAX_POOL_FNS
+
+
+def _op_callable(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable, bool]:
+    """The node's callable, made out of place [2]; returns (fn, was_inplace)."""
+    inplace = False
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if getattr(mod, "inplace", False) is True:
+            def out_of_place(*a, **k):  # the module stays in place for real training steps
+                mod.inplace = False
+                try:
+                    return mod(*a, **k)
+                finally:
+                    mod.inplace = True
+            return out_of_place, True
+        return mod, inplace
+    if node.op == "call_function":
+        fn = node.target
+        if fn in _OUT_OF_PLACE:
+            return _OUT_OF_PLACE[fn], True
+        return fn, node.kwargs.get("inplace", False) is True
+    name = node.target  # call_method
+    if name.endswith("_") and not name.startswith("_") and hasattr(torch.Tensor, name[:-1]):
+        name, inplace = name[:-1], True
+    return (lambda self, *a, **k: getattr(self, name)(*a, **k)), inplace
+
+
+class _SavedBytes:
+    """Collect storages autograd saves while the hook is active [3]."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        sid = _sid(t)
+        self.saved[sid] = max(self.saved.get(sid, 0), t.untyped_storage().nbytes())
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
+def _targets(logits: torch.Tensor) -> torch.Tensor:
+    n_classes = logits.shape[-1]
+    shape = logits.shape[:-1]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return torch.randint(0, n_classes, tuple(shape), generator=gen).to(logits.device)
+
+
+def _loss_fn(targets: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return loss
+
+
+def capture(model: nn.Module, example: torch.Tensor, progress=None) -> Capture:
+    """Trace ``model``, run it node by node on ``example`` and describe each layer.
+
+    ``example`` is the whole batch on the device to profile (``meta`` for the
+    modeled mode).  ``progress`` (optional) is called with the number of graph
+    nodes once, then with each node done.
+    """
+    gm = symbolic_trace(model)
+    nodes = list(gm.graph.nodes)
+    if progress is not None:
+        progress(len(nodes) + 1)
+    return _capture(gm, nodes, example, progress)
+
+
+def _capture(gm, nodes, example, progress) -> Capture:
+    layers: list[CapturedLayer] = []
+    env: dict[str, Any] = {}
+    node_layer: dict[str, int | None] = {}
+    static_ids = {_sid(t) for t in list(gm.parameters()) + list(gm.buffers())}
+    seen_params: set[int] = set()
+    placeholders = 0
+    out_node = None
+    for node in nodes:
+        if progress is not None:
+            progress(None)
+        if node.op == "placeholder":
+            if placeholders:
+                raise SnsimError(f"model takes several inputs ({node.name!r} is the second); "
+                                 "profile supports models with one input tensor")
+            placeholders += 1
+            env[node.name] = example
+            node_layer[node.name] = 0
+            layers.append(CapturedLayer("data", "data", (), nbytes(example), 0, 0, (),
+                                        tuple(example.shape), _dtype(example), None, "input",
+                                        requires_grad=False))
+            continue
+        if node.op == "get_attr":
+            env[node.name] = _fetch_attr(gm, node.target)
+            node_layer[node.name] = None
+            continue
+        if node.op == "output":
+            out_node = node.args[0]
+            continue
+        _run_node(gm, node, env, node_layer, layers, static_ids, seen_params)
+    if not isinstance(out_node, fx.Node) or not isinstance(env.get(out_node.name), torch.Tensor):
+        raise SnsimError("model must return one tensor of logits (got "
+                         f"{type(env.get(getattr(out_node, 'name', ''), out_node)).__name__})")
+    logits_id = node_layer[out_node.name]
+    if logits_id is None or logits_id == 0:
+        raise SnsimError("model output does not depend on its input")
+    _append_loss(env[out_node.name], logits_id, layers, static_ids)
+    if progress is not None:
+        progress(None)
+    return Capture(layers, gm, node_layer)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params) -> None:
+    # Producer nodes among the args: layers (or their views) and constants.
+    producers: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda n: producers.append(n) or n)
+    layer_args = [n for n in dict.fromkeys(producers)
+                  if node_layer.get(n.name) is not None and isinstance(env[n.name], torch.Tensor)]
+    # getitem on a tuple/list-valued node: alias of that node [1].
+    if (node.op == "call_function" and node.target is operator.getitem
+            and isinstance(env[node.args[0].name], (tuple, list))):
+        env[node.name] = env[node.args[0].name][node.args[1]]
+        node_layer[node.name] = node_layer[node.args[0].name]
+        return
+    fn, inplace = _op_callable(gm, node)
+    const_params = [env[n.name] for n in producers if node_layer.get(n.name, 0) is None
+                    and isinstance(env[n.name], nn.Parameter)]
+    index = {n.name: k for k, n in enumerate(layer_args)}
+    args, kwargs = node.args, dict(node.kwargs)
+    if node.op == "call_function" and kwargs.get("inplace") is True:
+        kwargs["inplace"] = False
+
+    def call(*xs):
+        sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index
+                              else env[n.name])
+        return fn(*sub[0], **sub[1])
+
+    if not layer_args:  # depends on no layer: a constant [1]
+        with torch.no_grad():
+            env[node.name] = call()
+        node_layer[node.name] = None
+        return
+    recorded = [env[n.name].detach() for n in layer_args]
+    op = LayerOp(call, recorded, grad_inputs=[layers[node_layer[n.name]].requires_grad
+                                              for n in layer_args])
+    leaves = op.leaves()
+    saved = _SavedBytes()
+    with saved.hooks():
+        out = call(*leaves)
+    outs = _tensors(out)
+    leaf_ids = {_sid(x) for x in leaves}
+    if not outs:  # size(), shape numbers: constants
+        env[node.name] = out
+        node_layer[node.name] = None
+        return
+    if all(_sid(t) in leaf_ids for t in outs):  # a view or identity [1]
+        src = next(n for n in layer_args for t in outs if _sid(leaves[index[n.name]]) == _sid(t))
+        env[node.name] = _detach(out)
+        node_layer[node.name] = node_layer[src.name]
+        return
+    env[node.name] = _detach(out)
+    lid = len(layers)
+    node_layer[node.name] = lid
+    inputs = tuple(dict.fromkeys(node_layer[n.name] for n in layer_args))
+    # Parameters: a module's own (first call only) and get_attr ones.
+    params = list(gm.get_submodule(node.target).parameters()) if node.op == "call_module" else []
+    params += const_params
+    op.params = [p for p in params if p.requires_grad]
+    new = [p for p in params if id(p) not in seen_params]
+    seen_params.update(id(p) for p in new)
+    out_ids = {_sid(t) for t in outs}
+    const_ids = {_sid(t) for t in _tensors([env[n.name] for n in producers
+                                            if node_layer.get(n.name, 0) is None])}
+    extra = sum(b for s, b in saved.saved.items()
+                if s not in leaf_ids | out_ids | static_ids | const_ids)
+    kind, is_max = _kind(gm, node, len(layer_args) + len(const_params))
+    reads = _reads(kind, is_max, saved.saved, leaf_ids, out_ids)
+    first = outs[0]
+    # Module path for modules (a second call gets the fx node name), node name otherwise.
+    name = str(node.target) if node.op == "call_module" else node.name
+    if node.op == "call_module" and node.name != node.target.replace(".", "_"):
+        name = f"{name}@{node.name}"
+    target = (type(gm.get_submodule(node.target)).__name__ if node.op == "call_module"
+              else getattr(node.target, "__name__", str(node.target)))
+    requires_grad = bool(op.params) or any(op.grad_inputs)
+    layers.append(CapturedLayer(
+        requires_grad=requires_grad,
+        name=name, kind=kind, inputs=inputs, output_bytes=sum(nbytes(t) for t in outs),
+        param_bytes=sum(nbytes(p) for p in new), saved_extra_bytes=extra, bwd_reads=reads,
+        shape=tuple(first.shape), dtype=_dtype(first), op=op, target=target,
+        inplace_of=inputs[0] if inplace else None))
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach(v) for v in value)
+    return value
+
+
+def _reads(kind, is_max, saved, leaf_ids, out_ids) -> tuple[str, ...]:
+    if kind == "pool" and is_max:
+        return ("inputs", "output")
+    if kind in _BWD_READS:
+        return _BWD_READS[kind]
+    reads = []
+    if any(s in leaf_ids for s in saved):
+        reads.append("inputs")
+    if any(s in out_ids for s in saved):
+        reads.append("output")
+    return tuple(reads)
+
+
+def _append_loss(logits, logits_id, layers, static_ids) -> None:
+    """Cross entropy against constant integer targets [5]."""
+    targets = _targets(logits)
+    op = LayerOp(_loss_fn(targets), [logits.detach()])
+    leaves = op.leaves()
+    saved = _SavedBytes()
+    with saved.hooks():
+        out = op.fn(*leaves)
+    skip = {_sid(x) for x in leaves} | {_sid(out), _sid(targets)} | static_ids
+    extra = sum(b for s, b in saved.saved.items() if s not in skip)
+    layers.append(CapturedLayer("loss", "loss", (logits_id,), nbytes(out), 0, extra,
+                                _BWD_READS["loss"], tuple(out.shape), _dtype(out), op,
+                                "cross_entropy"))

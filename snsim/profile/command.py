@@ -1,0 +1,95 @@
+"""``snsim profile``: record a trace from a PyTorch model, or model one for a preset.
+
+Imported by ``snsim/cli.py`` when it builds its parser, so nothing here
+imports torch at module level: ``snsim --help`` works without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from snsim.errors import SnsimError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Profile a PyTorch model into an snsim.trace/1 file: measured "
+                          "(--device cpu|cuda) or modeled on a device preset (--device-model).")
+    parser.add_argument("--model", metavar="NAME|package.module:function",
+                        help="a zoo model (see --list-models; parameters as gpt:layers=4,"
+                             "heads=4,width=256) or a function returning an nn.Module "
+                             "(optionally with its input shape)")
+    parser.add_argument("--batch", type=int, help="batch size")
+    parser.add_argument("--input-shape", metavar="C,H,W",
+                        help="per-sample input shape, e.g. 3,224,224 (default: the model's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="measure on this device (default: cpu)")
+    parser.add_argument("--device-model", metavar="PRESET",
+                        help="model the trace for a device preset instead of measuring "
+                             "(see --list-device-models)")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed runs per layer (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed runs before timing (default: %(default)s)")
+    parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--list-models", action="store_true", help="list the model zoo")
+    parser.add_argument("--list-device-models", action="store_true",
+                        help="list device presets with their numbers and sources")
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``"3,224,224"`` -> ``(3, 224, 224)``; :class:`SnsimError` on anything else."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.replace("x", ",").split(",")]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SnsimError(f"bad --input-shape {text!r}: use positive integers separated by "
+                         "commas, e.g. 3,224,224")
+    return tuple(int(p) for p in parts)
+
+
+def _import_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SnsimError("snsim profile needs PyTorch: pip install 'snsim[torch]' "
+                         "(torch==2.13.0)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "list_device_models", False):
+        from snsim.profile import devices
+
+        print(devices.table())
+        return 0
+    if getattr(args, "list_models", False):
+        _import_torch()
+        from snsim.profile import zoo
+
+        print(zoo.table())
+        return 0
+    missing = [f"--{k}" for k in ("model", "batch", "out") if getattr(args, k, None) is None]
+    if missing:
+        raise SnsimError(f"snsim profile needs {', '.join(missing)} "
+                         "(or --list-models / --list-device-models)")
+    shape = parse_shape(args.input_shape)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise SnsimError(f"cannot write {args.out}: folder {out_dir} does not exist")
+    _import_torch()
+    from snsim.profile import profiler
+
+    doc = profiler.profile(args.model, args.batch, shape, device=args.device,
+                           device_model=args.device_model, repeats=args.repeats,
+                           warmup=args.warmup, progress=not args.no_progress)
+    profiler.write(doc, args.out)
+    src = doc["source"]
+    total = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in doc["layers"])
+    line = (f"wrote {args.out}: {doc['model']} batch {doc['batch']}, {len(doc['layers'])} layers, "
+            f"{src['kind']} on {src.get('device_model') or src['device']}, "
+            f"layers fwd+bwd {total:.3f} ms")
+    if "step_ms" in src:
+        line += f", plain training step {src['step_ms']:.3f} ms"
+    print(line)
+    return 0

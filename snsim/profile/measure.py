@@ -1,0 +1,164 @@
+"""Measured mode: per-layer times, a plain training step and the host link.
+
+Each layer runs in isolation on leaf copies of its recorded inputs
+(:class:`snsim.profile.capture.LayerOp`): forward timed ``repeats`` times after
+``warmup`` untimed runs; backward is ``torch.autograd.grad`` of the output with
+a fixed random ``grad_output`` with respect to the floating inputs and the
+layer's parameters, on one retained graph, timed the same way.  The layer's
+``fwd_ms``/``bwd_ms`` are the medians; ``fwd_ms_p10``/``fwd_ms_p90`` (and
+``bwd_``) record the spread.
+
+Clocks: CPU uses ``time.perf_counter_ns`` around each call (with
+``torch.set_num_threads(1)`` set by the caller); CUDA uses a pair of CUDA
+events around each call, synchronized before reading.
+
+Host link: on CUDA, pinned host->device and device->host copies over sizes
+from 1 MiB to 256 MiB (curve and the largest transfer's rate recorded); on a
+CPU there is no PCIe link, so the figure recorded is a copy into a
+preallocated host buffer, and ``source.link`` says exactly that.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from snsim.profile.capture import LayerOp
+
+
+def _quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of a sample (all equal for one value)."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=10, method="inclusive")
+    return statistics.median(xs), q[0], q[-1]
+
+
+class Clock:
+    """Times a callable in milliseconds on the device the work runs on."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def time_ms(self, fn: Callable[[], object], warmup: int, repeats: int) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        out = []
+        if self.cuda:
+            torch.cuda.synchronize()
+            for _ in range(repeats):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end))
+        else:
+            for _ in range(repeats):
+                t0 = time.perf_counter_ns()
+                fn()
+                out.append((time.perf_counter_ns() - t0) / 1e6)
+        return out
+
+
+def time_layer(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> dict[str, float]:
+    """Median and p10/p90 forward and backward times of one layer."""
+    leaves = op.leaves()
+    fwd = clock.time_ms(lambda: op.fn(*leaves), warmup, repeats)
+    out = op.fn(*leaves)
+    outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt = [x for x in leaves if x.requires_grad] + list(op.params)
+    res: dict[str, float] = {}
+    m, lo, hi = _quantiles(fwd)
+    res.update(fwd_ms=m, fwd_ms_p10=lo, fwd_ms_p90=hi)
+    if outs and wrt:
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        grads = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in outs]
+        bwd = clock.time_ms(lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True,
+                                                        allow_unused=True), warmup, repeats)
+        m, lo, hi = _quantiles(bwd)
+    else:
+        m = lo = hi = 0.0
+    res.update(bwd_ms=m, bwd_ms_p10=lo, bwd_ms_p90=hi)
+    return res
+
+
+def time_training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn,
+                       clock: Clock, warmup: int, repeats: int) -> dict[str, float]:
+    """Median and p10/p90 of a plain forward + loss + backward of the whole model."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        loss = loss_fn(model(example))
+        torch.autograd.grad(loss, params)
+
+    m, lo, hi = _quantiles(clock.time_ms(step, warmup, repeats))
+    return {"step_ms": m, "step_ms_p10": lo, "step_ms_p90": hi}
+
+
+def conv_workspaces(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> list[dict]:
+    """CUDA: one entry per cuDNN selection mode, with measured workspace and times.
+
+    PyTorch exposes no per-algorithm cuDNN API, but it exposes the choice
+    between the heuristic algorithm (``cudnn.benchmark = False``) and the
+    fastest found by ``cudnnFind`` (``benchmark = True``); the workspace is
+    the allocator's peak during the call above what the call keeps.
+    """
+    entries = []
+    saved = torch.backends.cudnn.benchmark
+    try:
+        for algo, bench in (("cudnn-heuristic", False), ("cudnn-benchmark", True)):
+            torch.backends.cudnn.benchmark = bench
+            leaves = op.leaves()
+            op.fn(*leaves)  # let benchmark mode search before measuring
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = op.fn(*leaves)
+            torch.cuda.synchronize()
+            ws = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+            del out
+            t = time_layer(op, clock, warmup, repeats)
+            entries.append({"algo": algo, "bytes": int(ws), "fwd_ms": t["fwd_ms"],
+                            "bwd_ms": t["bwd_ms"], "base_bytes": int(base)})
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    return entries
+
+
+_SIZES = [2**20, 2**22, 2**24, 2**26, 2**28]
+
+
+def link_bandwidth(device: torch.device, repeats: int = 5) -> dict:
+    """Host<->device copy rates over several sizes (see module docstring)."""
+    clock = Clock(device)
+    if device.type == "cuda":
+        curve = {"h2d": [], "d2h": []}
+        for size in _SIZES:
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            dev = torch.empty(size, dtype=torch.uint8, device=device)
+            h2d = statistics.median(clock.time_ms(lambda: dev.copy_(host, non_blocking=True),
+                                                  2, repeats))
+            d2h = statistics.median(clock.time_ms(lambda: host.copy_(dev, non_blocking=True),
+                                                  2, repeats))
+            curve["h2d"].append([size, size / (h2d / 1e3)])
+            curve["d2h"].append([size, size / (d2h / 1e3)])
+            del host, dev
+        return {"kind": "cuda pinned host<->device copies (CUDA events)",
+                "h2d_bytes_per_s": curve["h2d"][-1][1], "d2h_bytes_per_s": curve["d2h"][-1][1],
+                "curve_bytes_Bps": curve}
+    curve = []
+    for size in _SIZES[:4]:
+        src = torch.empty(size, dtype=torch.uint8).fill_(1)
+        dst = torch.empty(size, dtype=torch.uint8)
+        ms = statistics.median(clock.time_ms(lambda: dst.copy_(src), 2, repeats))
+        curve.append([size, size / (ms / 1e3)])
+    return {"kind": "cpu: no PCIe link on a CPU; figure is a host memcpy into a preallocated "
+                    "buffer (torch copy_, one thread), used for both directions",
+            "h2d_bytes_per_s": curve[-1][1], "d2h_bytes_per_s": curve[-1][1],
+            "curve_bytes_Bps": curve}

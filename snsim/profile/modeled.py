@@ -1,0 +1,104 @@
+"""Modeled mode: layer times from FLOPs and bytes through a roofline.
+
+The model is built and run on the ``meta`` device, so no activation or weight
+memory exists (ResNet-2500 at batch 32 profiles on a laptop); shapes, and so
+every byte field, are exact and identical to a measured run (same capture).
+
+Each layer's forward, and then its backward (``torch.autograd.grad`` with
+respect to its inputs and parameters), run under a dispatch mode that sees
+every ATen kernel.  Each kernel ``k`` costs
+
+    t_k = max(flops_k / (EFF_COMPUTE * P), bytes_k / (EFF_MEMORY * B)) + T_LAUNCH
+
+where ``flops_k`` comes from ``torch.utils.flop_counter``'s formula registry
+(convolutions, matmuls, attention; 0 for kernels it has no formula for),
+``bytes_k`` is the bytes of the kernel's tensor arguments plus its outputs
+(each read or written once; views and allocations move nothing), ``P`` the
+preset's peak FP32 FLOP/s (the traces are float32; tensor-core rates are
+listed in the preset but not used), ``B`` its memory bandwidth.  Layer time =
+sum over its kernels.  Constants (assumptions, not measurements):
+``EFF_COMPUTE = 0.6`` (sustained fraction of peak for cuDNN/cuBLAS-class
+kernels), ``EFF_MEMORY = 0.8`` (STREAM-like fraction of peak bandwidth),
+``T_LAUNCH = 5 us`` (kernel launch and framework overhead per kernel).
+
+Convolutions get one workspace entry ``modeled-default`` with 0 bytes and
+the layer's times: the model has no algorithm choices (``source.workspace``
+says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from snsim.profile.capture import LayerOp
+from snsim.profile.devices import DevicePreset
+
+EFF_COMPUTE = 0.6
+EFF_MEMORY = 0.8
+T_LAUNCH_S = 5e-6
+
+FORMULA = ("t_kernel = max(flops / (0.6 * peak_fp32), bytes_moved / (0.8 * mem_Bps)) + 5 us; "
+           "layer time = sum over its ATen kernels (forward; backward via autograd.grad); "
+           "flops from torch.utils.flop_counter, bytes = tensor args + outputs")
+
+_aten = torch.ops.aten
+_FREE = {_aten.empty.memory_format, _aten.empty_like.default, _aten.empty_strided.default,
+         _aten.detach.default, _aten.alias.default, _aten.lift_fresh.default,
+         _aten.new_empty.default, _aten.new_empty_strided.default}
+
+
+@dataclass
+class Cost:
+    flops: float = 0.0
+    bytes: int = 0
+    kernels: int = 0
+    seconds: float = 0.0
+
+
+class CostMode(TorchDispatchMode):
+    """Accumulate roofline cost of every kernel dispatched while active."""
+
+    def __init__(self, preset: DevicePreset):
+        super().__init__()
+        self.peak = EFF_COMPUTE * preset.fp32_flops
+        self.bw = EFF_MEMORY * preset.mem_Bps
+        self.cost = Cost()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FREE or func.is_view:
+            return out
+        packet = func._overloadpacket
+        flops = 0.0
+        if packet in flop_registry:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        moved = sum(t.numel() * t.element_size()
+                    for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor))
+        c = self.cost
+        c.flops += flops
+        c.bytes += moved
+        c.kernels += 1
+        c.seconds += max(flops / self.peak, moved / self.bw) + T_LAUNCH_S
+        return out
+
+
+def layer_cost(op: LayerOp, preset: DevicePreset) -> tuple[Cost, Cost]:
+    """(forward, backward) roofline cost of one layer on meta tensors."""
+    leaves = op.leaves()
+    with CostMode(preset) as fwd_mode:
+        out = op.fn(*leaves)
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt = [x for x in leaves if x.requires_grad] + list(op.params)
+    bwd = Cost()
+    if outs and wrt:
+        grads = [torch.empty_like(t) for t in outs]
+        with CostMode(preset) as bwd_mode:
+            torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+        bwd = bwd_mode.cost
+    return fwd_mode.cost, bwd

@@ -1,0 +1,324 @@
+"""Model -> trace document, in measured or modeled mode (the profiler's one entry point).
+
+:func:`profile` resolves the model (zoo name or ``package.module:function``),
+builds it on the device (``meta`` for modeled mode), captures its layers
+(:mod:`~snsim.profile.capture`), times them (:mod:`~snsim.profile.measure`) or
+models them (:mod:`~snsim.profile.modeled`), and returns a validated
+``snsim.trace/1`` document.  :func:`write` writes it whole, compactly (one
+layer per line).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from snsim import __version__
+from snsim.errors import SnsimError
+from snsim.fileio import write_atomic
+from snsim.profile import capture as cap
+from snsim.profile import devices, zoo
+from snsim.trace import SCHEMA, from_dict
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    model: nn.Module
+    input_shape: tuple[int, ...]
+    input_dtype: torch.dtype
+    vocab: int = 0  # integer inputs draw from [0, vocab)
+
+
+def _import_model(spec: str, input_shape, device: torch.device) -> ModelSpec:
+    mod_name, _, fn_name = spec.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as exc:  # ImportError, or the module failing on import
+        raise SnsimError(f"cannot import module {mod_name!r} for --model {spec!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise SnsimError(f"module {mod_name!r} has no function {fn_name!r} (--model {spec!r})")
+    try:
+        with device:
+            made = fn()
+    except SnsimError:
+        raise
+    except Exception as exc:
+        raise SnsimError(f"{spec} raised {type(exc).__name__}: {exc}") from None
+    shape = None
+    if isinstance(made, tuple) and len(made) == 2:
+        made, shape = made
+    if not isinstance(made, nn.Module):
+        raise SnsimError(f"{spec} returned {type(made).__name__}, not a torch.nn.Module "
+                         "(or a (module, input_shape) pair)")
+    shape = input_shape or (tuple(int(s) for s in shape) if shape else None)
+    if not shape:
+        raise SnsimError(f"{spec} does not give an input shape; pass --input-shape, e.g. 3,224,224")
+    return ModelSpec(spec, made, shape, torch.float32)
+
+
+def resolve(spec: str, input_shape: tuple[int, ...] | None, device: torch.device) -> ModelSpec:
+    """Build the model named by ``spec`` on ``device``."""
+    if ":" in spec and "=" not in spec.partition(":")[2]:
+        return _import_model(spec, input_shape, device)
+    entry, params = zoo.lookup(spec)
+    shape = tuple(input_shape) if input_shape else entry.input_shape
+    if len(shape) != len(entry.input_shape):
+        raise SnsimError(f"model {entry.name} takes an input shape of {len(entry.input_shape)} "
+                         f"numbers like {','.join(map(str, entry.input_shape))}, got "
+                         f"{','.join(map(str, shape))}")
+    with device:
+        model = entry.build(shape, **params)
+    dtype = torch.int64 if entry.input_dtype == "int64" else torch.float32
+    vocab = {**entry.params, **params}.get("vocab", 0)
+    return ModelSpec(spec, model, shape, dtype, vocab)
+
+
+def _example(spec: ModelSpec, batch: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    shape = (batch, *spec.input_shape)
+    if device.type == "meta":
+        if spec.input_dtype.is_floating_point:
+            return torch.empty(shape, dtype=spec.input_dtype, device=device)
+        return torch.empty(shape, dtype=spec.input_dtype, device=device)
+    if spec.input_dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=spec.input_dtype).to(device)
+    return torch.randint(0, max(spec.vocab, 1), shape, generator=gen).to(device)
+
+
+class _Bar:
+    """tqdm progress (stderr) over whatever total the caller gives."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, None
+
+    def phase(self, desc: str, total: int) -> None:
+        self.close()
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="layer", mininterval=0.5, leave=False)
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _device(device: str | None, preset: str | None) -> torch.device:
+    if preset is not None:
+        if device not in (None, "meta"):
+            raise SnsimError(f"--device-model {preset} models a device; it cannot be combined "
+                             f"with --device {device} (measured mode)")
+        return torch.device("meta")
+    device = device or "cpu"
+    if device not in ("cpu", "cuda"):
+        raise SnsimError(f"unknown --device {device!r}; use cpu or cuda "
+                         "(or --device-model PRESET for a modeled trace)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SnsimError("--device cuda requested but torch.cuda.is_available() is False "
+                         "(no GPU, or a CPU-only torch build); use --device cpu or "
+                         "--device-model PRESET")
+    return torch.device(device)
+
+
+def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
+            device: str | None = None, device_model: str | None = None, repeats: int = 10,
+            warmup: int = 3, progress: bool = False) -> dict[str, Any]:
+    """Profile model ``spec`` and return a validated ``snsim.trace/1`` document."""
+    if batch < 1:
+        raise SnsimError(f"--batch must be at least 1, got {batch}")
+    if repeats < 1 or warmup < 0:
+        raise SnsimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
+    preset = devices.get(device_model) if device_model is not None else None
+    dev = _device(device, device_model)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    bar = _Bar(progress)
+    try:
+        ms = resolve(spec, input_shape, dev)
+        ms.model.train()
+        example = _example(ms, batch, dev)
+
+        def on_node(total):
+            if total is not None:
+                bar.phase("capture", total)
+            else:
+                bar.step()
+        captured = cap.capture(ms.model, example, on_node)
+        bar.phase("model" if preset else "time", len(captured.layers))
+        if preset is not None:
+            from snsim.profile import modeled
+            times = [_model_layer(layer, preset, modeled, bar) for layer in captured.layers]
+            source, dev_block = _modeled_source(preset, modeled), _preset_device(preset)
+        else:
+            from snsim.profile import measure
+            clock = measure.Clock(dev)
+            times = [_time_layer(layer, dev, clock, warmup, repeats, measure, bar)
+                     for layer in captured.layers]
+            bar.close()
+            step = measure.time_training_step(ms.model, example, captured.layers[-1].op.fn,
+                                              clock, warmup, repeats)
+            link = measure.link_bandwidth(dev)
+            source, dev_block = _measured_source(dev, step, link, times), _measured_device(dev, link)
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
+    source.update(torch=torch.__version__.split("+")[0], torch_build=torch.__version__,
+                  repeats=0 if preset else repeats, warmup=0 if preset else warmup,
+                  created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  generator=f"snsim {__version__} profile", model_spec=spec,
+                  fx_nodes=len(captured.graph_module.graph.nodes),
+                  notes="views fold into their producer; in-place ops are profiled out of "
+                        "place and marked inplace_of; the loss is cross entropy vs random "
+                        "integer targets (see snsim/profile/capture.py notes [1]-[5])")
+    doc = {"schema": SCHEMA, "model": ms.name, "batch": batch,
+           "dtype": "float32", "input_shape": list(ms.input_shape), "source": source,
+           "device": dev_block,
+           "layers": [_layer_doc(i, layer, t) for i, (layer, t) in
+                      enumerate(zip(captured.layers, times))]}
+    if ms.input_dtype != torch.float32:
+        doc["input_dtype"] = str(ms.input_dtype).replace("torch.", "")
+    from_dict(doc, f"<profile of {spec}>")
+    return doc
+
+
+def _model_layer(layer, preset, modeled, bar) -> dict[str, Any]:
+    bar.step()
+    if layer.op is None:
+        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
+    fwd, bwd = modeled.layer_cost(layer.op, preset)
+    t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
+         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops}
+    if layer.kind == "conv":
+        t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
+                           "bwd_ms": t["bwd_ms"]}]
+    return t
+
+
+def _time_layer(layer, dev, clock, warmup, repeats, measure, bar) -> dict[str, Any]:
+    bar.step()
+    if layer.op is None:
+        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
+    t: dict[str, Any] = measure.time_layer(layer.op, clock, warmup, repeats)
+    if layer.kind == "conv":
+        if dev.type == "cuda":
+            t["workspace"] = measure.conv_workspaces(layer.op, clock, warmup, repeats)
+        else:
+            t["workspace"] = [{"algo": "cpu-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
+                               "bwd_ms": t["bwd_ms"]}]
+    return t
+
+
+def _r(x: float) -> float:
+    return round(float(x), 6)
+
+
+def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": i, "name": layer.name, "kind": layer.kind, "inputs": list(layer.inputs),
+        "output_bytes": layer.output_bytes, "param_bytes": layer.param_bytes,
+        "fwd_ms": _r(t["fwd_ms"]), "bwd_ms": _r(t["bwd_ms"]), "bwd_reads": list(layer.bwd_reads)}
+    if layer.saved_extra_bytes:
+        d["saved_extra_bytes"] = layer.saved_extra_bytes
+    for key in ("fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"):
+        if key in t:
+            d[key] = _r(t[key])
+    for key in ("fwd_flops", "bwd_flops"):
+        if key in t:
+            d[key] = int(t[key])
+    if "workspace" in t:
+        d["workspace"] = [{k: (_r(v) if k.endswith("_ms") else v) for k, v in w.items()}
+                          for w in t["workspace"]]
+    d["op"] = layer.target
+    d["shape"] = list(layer.shape)
+    if layer.dtype != "float32":
+        d["out_dtype"] = layer.dtype
+    if layer.inplace_of is not None:
+        d["inplace"] = True
+        d["inplace_of"] = layer.inplace_of
+    return d
+
+
+def _modeled_source(preset, modeled) -> dict[str, Any]:
+    return {"kind": "modeled", "device": "meta", "device_name": preset.name,
+            "device_model": preset.key, "preset_source": preset.source,
+            "roofline": modeled.FORMULA,
+            "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
+                         "the model has no algorithm choices"}
+
+
+def _preset_device(preset) -> dict[str, Any]:
+    return {"name": f"{preset.name} (preset {preset.key})", "memory_bytes": preset.memory_bytes,
+            "h2d_bytes_per_s": preset.h2d_Bps, "d2h_bytes_per_s": preset.d2h_Bps}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measured_source(dev, step, link, times) -> dict[str, Any]:
+    total = sum(t["fwd_ms"] + t["bwd_ms"] for t in times)
+    src = {"kind": "measured", "device": dev.type,
+           "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+           "threads": 1 if dev.type == "cpu" else None,
+           "clock": "CUDA events" if dev.type == "cuda" else "time.perf_counter_ns",
+           "timing": "each layer alone on leaf copies of its recorded inputs; fwd_ms/bwd_ms "
+                     "are medians, *_p10/_p90 the spread; backward = torch.autograd.grad "
+                     "wrt inputs and parameters with a random grad_output",
+           **{k: round(v, 6) for k, v in step.items()},
+           "layers_total_ms": round(total, 6),
+           "link": {k: v for k, v in link.items()},
+           "workspace": ("cuda: entries 'cudnn-heuristic' (benchmark off) and 'cudnn-benchmark' "
+                         "(cudnnFind), workspace = allocator peak during the call beyond what it "
+                         "keeps" if dev.type == "cuda" else
+                         "cpu: one 'cpu-default' entry (0 bytes) per convolution; CPU kernels "
+                         "expose no algorithm choices")}
+    return {k: v for k, v in src.items() if v is not None}
+
+
+def _measured_device(dev, link) -> dict[str, Any]:
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        name, mem = props.name, int(props.total_memory)
+    else:
+        name = f"{_cpu_name()} (host memory; link = memcpy)"
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"name": name, "memory_bytes": int(mem), "h2d_bytes_per_s": float(link["h2d_bytes_per_s"]),
+            "d2h_bytes_per_s": float(link["d2h_bytes_per_s"])}
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """Compact JSON: top-level fields, then one layer per line."""
+    head = {k: v for k, v in doc.items() if k != "layers"}
+    parts = [json.dumps(k) + ": " + json.dumps(v) for k, v in head.items()]
+    layers = ",\n  ".join(json.dumps(layer, separators=(",", ":")) for layer in doc["layers"])
+    return "{" + ",\n ".join(parts) + ',\n "layers": [\n  ' + layers + "\n ]\n}\n"
+
+
+def write(doc: dict[str, Any], path: str | os.PathLike) -> None:
+    """Validate ``doc`` and write it whole (temporary file + rename)."""
+    from_dict(doc, str(path))
+    write_atomic(path, dumps(doc))
