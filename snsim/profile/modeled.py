@@ -21,6 +21,9 @@ sum over its kernels.  Constants (assumptions, not measurements):
 kernels), ``EFF_MEMORY = 0.8`` (STREAM-like fraction of peak bandwidth),
 ``T_LAUNCH = 5 us`` (kernel launch and framework overhead per kernel).
 
+A step that launches no kernel (an ``add``'s backward passes the gradient
+through) still costs one ``T_LAUNCH``: the framework's dispatch is not free.
+
 Convolutions get one workspace entry ``modeled-default`` with 0 bytes and
 the layer's times: the model has no algorithm choices (``source.workspace``
 says so).
@@ -101,4 +104,7 @@ def layer_cost(op: LayerOp, preset: DevicePreset) -> tuple[Cost, Cost]:
         with CostMode(preset) as bwd_mode:
             torch.autograd.grad(outs, wrt, grads, allow_unused=True)
         bwd = bwd_mode.cost
-    return fwd_mode.cost, bwd
+        bwd.seconds = max(bwd.seconds, T_LAUNCH_S)
+    fwd = fwd_mode.cost
+    fwd.seconds = max(fwd.seconds, T_LAUNCH_S)
+    return fwd, bwd
