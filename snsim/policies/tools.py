@@ -111,19 +111,20 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     """
     n = graph.n
     seq: list[Step] = [("F", i) for i in range(n)]
-    avail: set[int] = set()   # dropped layers whose recomputed result is reusable
+    kept: set[int] = set()    # speed-centric layers recomputed: reused to the end
+    avail: set[int] = set()   # memory-centric ones reusable for the next step only
     needs = graph.needs
     layers = graph.layers
     back = graph.route[n:]
 
     def ensure(j: int) -> None:
-        if j in avail:
+        if j in kept or j in avail:
             return
         for x in layers[j].inputs:
             if not keep[x]:
                 ensure(x)
         seq.append(("R", j))
-        avail.add(j)
+        (kept if speed[j] else avail).add(j)
 
     for k, step in enumerate(back):
         for t in needs(step):
@@ -131,8 +132,8 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
                 ensure(t[1])
         seq.append(step)
         if avail:
-            nxt = {t[1] for t in needs(back[k + 1]) if t[0] != "G"} if k + 1 < len(back) else set()
-            avail = {j for j in avail if speed[j] or j in nxt}
+            nxt = {t[1] for t in needs(back[k + 1]) if t[0] != "G"} if k + 1 < len(back) else ()
+            avail = {j for j in avail if j in nxt}
     return seq
 
 
@@ -319,6 +320,11 @@ class CachePlanner:
         self.reason: str | None = None
         self.n_evict = self.hits = self.misses = self.prefetched = 0
         self.bytes_in = 0
+        self.n_landed = 0
+        # Per position: what the step allocates plus its smallest workspace
+        # (prefetches ahead leave room for the steps before their use).
+        ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
+        self.step_need = [sum(graph.size(t) for t in graph.allocs(st)) + ws(st) for st in seq]
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -342,10 +348,21 @@ class CachePlanner:
             if free >= need:
                 break
         if free < need:
-            if until is None:  # a step must run: evict what we can, then overshoot
-                for t in victims:
-                    self._evict(t)
-            return False
+            if until is not None:
+                return False
+            # A step must run: evict what we can, then land and evict prefetches
+            # that are still copying (a stall, but the step fits), else overshoot.
+            for t in victims:
+                self._evict(t)
+            for t in [t for t, s in self.state.items() if s == _IN and t not in pinned]:
+                if self.level + need <= self.cap:
+                    return True
+                self.ops.append(Wait(t))
+                self.state[t] = _RES
+                self.lru[t] = None
+                self._evict(t)
+                self.n_landed += 1
+            return self.level + need <= self.cap
         for t in victims:
             self._evict(t)
         return True
@@ -455,6 +472,8 @@ class CachePlanner:
             for t in self.g.needs(seq[r]):
                 if state.get(t) == _HOST and t not in want:
                     want.append(t)
+        if want:
+            reserve = max([reserve] + self.step_need[p + 1:last + 1])
         for t in want:
             if not self._make_room(reserve + self.g.size(t), pinned, p, until=last):
                 break
@@ -472,7 +491,7 @@ class CachePlanner:
         return {"offloaded_bytes": sum(size(t) for t in off), "offloaded_tensors": len(off),
                 "prefetched_bytes": self.bytes_in, "evictions": self.n_evict,
                 "cache_hits": self.hits, "cache_misses": self.misses,
-                "prefetch_hits": self.prefetched}
+                "prefetch_hits": self.prefetched, "prefetches_landed_early": self.n_landed}
 
 
 def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,

@@ -1,0 +1,67 @@
+"""Property tests: every policy on random DAGs (issue 4).
+
+1000 random traces (``synth.random_dag``), each planned by every registered
+policy at one drawn budget between the lower bound and the ``none`` peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from snsim import synth
+from snsim.graph import Graph
+from snsim.policies import names, plan
+from snsim.policies.base import PlanContext
+from snsim.schedule import verify
+from snsim.sim import simulate
+
+RECOMPUTE = ("recompute-speed", "recompute-memory", "cost-aware", "sqrt-n")
+DYNAMIC = ("utp", "superneurons", "dtr")
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 24), frac=st.floats(0.0, 1.0))
+def test_every_policy_on_random_dags(seed, n, frac):
+    g = Graph(synth.random_dag(seed, n))
+    lb = g.lower_bound_bytes
+    live = simulate(g, plan("liveness", PlanContext(g)), record=False)
+    top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+    budget = lb + int(frac * (top - lb))
+    for p in names():
+        s = plan(p, PlanContext(g, budget))
+        verify(g, s)
+        r = simulate(g, s, budget, record=False)
+        again = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
+        assert (again.iteration_ms, again.peak_bytes, again.feasible) == \
+            (r.iteration_ms, r.peak_bytes, r.feasible), p
+        if r.feasible:
+            assert lb <= r.peak_bytes <= budget, p
+            assert r.iteration_ms >= r.compute_ms - 1e-9, p
+            assert r.iteration_ms >= min(g.compute_ms, r.compute_ms) - 1e-9, p
+        if p in DYNAMIC and s.infeasible_reason is None:
+            assert r.feasible, (p, r.reason)   # the planner's budget check is exact
+        if p in RECOMPUTE:
+            free = simulate(g, s, None, record=False)
+            assert free.peak_bytes <= live.peak_bytes, p
+            assert math.isclose(free.recompute_ms, s.stats["recompute_planned_ms"],
+                                abs_tol=1e-6), p
+        if p == "superneurons" and budget >= live.peak_bytes:
+            assert r.feasible and r.iteration_ms == r.compute_ms
+            assert r.recompute_ms == 0 and r.stall_ms == 0
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 24))
+def test_dynamic_policies_fit_the_lower_bound(seed, n):
+    """The cache can evict any activation, so utp and superneurons fit the
+    lower bound on small DAGs; DTR (no swapping) may not."""
+    g = Graph(synth.random_dag(seed, n))
+    lb = g.lower_bound_bytes
+    for p in ("utp", "superneurons"):
+        s = plan(p, PlanContext(g, lb))
+        verify(g, s)
+        r = simulate(g, s, lb, record=False)
+        assert r.feasible and r.peak_bytes == lb, (p, r.reason)
