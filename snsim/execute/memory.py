@@ -1,0 +1,154 @@
+"""Real peak memory and step time of a callable.
+
+CPU: the torch profiler's allocation events (``profile_memory=True``) carry a
+running total.  That total is not reset between windows (it keeps what
+earlier windows left allocated) and misses frees of blocks allocated before
+any window, so each window opens with a marker allocation whose event gives
+the total at that moment; the peak is the largest total after it, minus
+that baseline, plus the memory that existed when the window opened (passed
+in, since the CPU allocator keeps no global count).  CUDA: ``max_memory_allocated`` after
+``reset_peak_memory_stats`` (absolute), with ``max_memory_reserved`` beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    peak_bytes: int          # allocated: what the simulator predicts
+    reserved_bytes: int | None = None   # CUDA caching allocator's reserve
+    window_bytes: int = 0    # growth seen inside the window
+
+
+def _alloc_events(prof) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        fields = ev.extra_fields
+        if hasattr(fields, "alloc_size"):
+            out.append((ev.start_time_ns, fields.total_allocated))
+        stack.extend(ev.children)
+    out.sort()
+    return out
+
+
+def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: int) -> PeakMemory:
+    """Run ``fn`` once and return its peak memory (see module docstring)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return PeakMemory(torch.cuda.max_memory_allocated(device),
+                          torch.cuda.max_memory_reserved(device),
+                          torch.cuda.max_memory_allocated(device) - existing_bytes)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        mark_window()
+        fn()
+    events = _alloc_events(prof)
+    base = baseline(prof)
+    grown = max(max((total for _, total in events), default=base) - base, 0)
+    return PeakMemory(existing_bytes + grown, None, grown)
+
+
+_MARK = "snsim#base"
+
+
+def mark_window() -> None:
+    """Allocate and free a marker inside a profiler window (see :func:`baseline`)."""
+    with torch.profiler.record_function(_MARK):
+        marker = torch.empty(64, dtype=torch.uint8)
+        del marker
+
+
+def baseline(prof) -> int:
+    """The profiler's running total when :func:`mark_window` ran."""
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        if ev.name == _MARK:
+            allocs = sorted((e.start_time_ns, e.extra_fields.total_allocated,
+                             e.extra_fields.alloc_size) for e in _descendants(ev)
+                            if hasattr(e.extra_fields, "alloc_size"))
+            _, total, size = allocs[0]
+            return total - size
+        stack.extend(ev.children)
+    raise RuntimeError("profiler window has no snsim marker")
+
+
+def _descendants(ev):
+    stack = [ev]
+    while stack:
+        e = stack.pop()
+        yield e
+        stack.extend(e.children)
+
+
+def time_ms(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int
+            ) -> tuple[float, list[float]]:
+    """Median wall time of ``fn`` in ms (CUDA events on a GPU), and all samples."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return statistics.median(samples), samples
+
+
+def tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+def per_op_levels(prof) -> dict[int, tuple[int, int]]:
+    """(peak, end) inside each ``snsim#k`` range of an annotated run, relative
+    to the window's baseline (:func:`mark_window` must have run in it)."""
+    levels: dict[int, tuple[int, int]] = {}
+    base = baseline(prof)
+
+    def allocs(ev) -> list[tuple[int, int]]:
+        out, stack = [], [ev]
+        while stack:
+            e = stack.pop()
+            if hasattr(e.extra_fields, "alloc_size"):
+                out.append((e.start_time_ns, e.extra_fields.total_allocated))
+            stack.extend(e.children)
+        return sorted(out)
+
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        if ev.name.startswith("snsim#") and ev.name != _MARK:
+            a = allocs(ev)
+            if a:
+                levels[int(ev.name[6:])] = (max(t for _, t in a) - base, a[-1][1] - base)
+            continue
+        stack.extend(ev.children)
+    return levels

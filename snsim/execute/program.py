@@ -1,0 +1,136 @@
+"""A model as one callable per trace layer.
+
+The profiler's capture (``snsim.profile.capture``) maps every torch.fx node
+to the trace layer it produces, to the layer it is a view of, or to nothing
+(a constant).  :class:`Program` interprets the same graph: layer ``i`` is
+computed from tensors of its input layers by running its node, with view
+nodes between layers re-applied on the fly (they allocate nothing) and
+constants evaluated once.  The last layer is the loss the profiler appends
+(cross entropy against fixed integer targets).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from snsim.errors import SnsimError
+from snsim.profile import capture as cap
+
+
+@dataclass
+class LayerFn:
+    """How to compute one layer: its fx node (None for data and loss)."""
+
+    id: int
+    node: fx.Node | None
+    inputs: tuple[int, ...]
+    module: nn.Module | None  # for call_module nodes: buffers to protect on recompute
+    params: list[torch.Tensor]
+
+
+class Program:
+    """Per-layer callables of ``model`` on inputs shaped like ``example``.
+
+    ``run(i, values)`` computes layer ``i`` given ``values[j]`` for each of
+    its input layers ``j``.  In-place modules run out of place (so each layer
+    owns its output, as in the trace), through the capture's own wrappers.
+    """
+
+    def __init__(self, model: nn.Module, example: torch.Tensor):
+        self.model = model
+        captured = cap.capture(model, example)
+        # Keep only the mapping: the capture's ops hold every recorded activation.
+        self.gm = captured.graph_module
+        self.node_layer = captured.node_layer
+        self.n = len(captured.layers)
+        self.kinds = [c.kind for c in captured.layers]
+        self._fns: dict[str, Callable] = {}
+        self._consts: dict[str, Any] = {}
+        self.layers: list[LayerFn] = []
+        self._producer: dict[int, fx.Node] = {}
+        nodes = list(self.gm.graph.nodes)
+        self._by_name = {n.name: n for n in nodes}
+        for node in nodes:
+            lid = self.node_layer.get(node.name)
+            if node.op == "output":
+                self._out_node = node.args[0]
+            elif lid is None and node.op != "output":
+                self._consts[node.name] = self._const(node)
+            elif lid not in self._producer:
+                self._producer[lid] = node
+                if node.op != "placeholder":
+                    fn, _ = cap._op_callable(self.gm, node)
+                    self._fns[node.name] = fn
+        targets = None
+        for c in captured.layers:
+            i = len(self.layers)
+            node = self._producer.get(i) if c.kind not in ("data", "loss") else None
+            module = (self.gm.get_submodule(node.target)
+                      if node is not None and node.op == "call_module" else None)
+            params = list(c.op.params) if c.op is not None else []
+            self.layers.append(LayerFn(i, node, c.inputs, module, params))
+            if c.kind == "loss":
+                targets = c.op
+        if self.layers[-1].node is not None or targets is None:
+            raise SnsimError("captured graph has no loss layer")
+        self._loss = targets.fn  # cross entropy with the capture's fixed targets
+        del captured, targets
+        self.param_list = [p for p in model.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------ evaluation
+    def _const(self, node: fx.Node) -> Any:
+        if node.op == "get_attr":
+            return cap._fetch_attr(self.gm, node.target)
+        if node.op == "placeholder":
+            raise SnsimError("model input is used as a constant")
+        fn, _ = cap._op_callable(self.gm, node)
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                       lambda n: self._consts[n.name])
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    def _value(self, node: fx.Node, values: dict[int, Any]) -> Any:
+        """Value of ``node`` given the tensors of the layers in ``values``."""
+        if node.name in self._consts:
+            return self._consts[node.name]
+        lid = self.node_layer[node.name]
+        if self._producer.get(lid) is node:
+            return values[lid]
+        # a view of layer ``lid`` (or getitem of a tuple-valued layer): re-apply it
+        fn = self._fns.get(node.name)
+        if fn is None:
+            fn, _ = cap._op_callable(self.gm, node)
+            self._fns[node.name] = fn
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                       lambda n: self._value(n, values))
+        if node.op == "call_function" and kwargs.get("inplace") is True:
+            kwargs["inplace"] = False
+        return fn(*args, **kwargs)
+
+    def run(self, i: int, values: dict[int, Any]) -> Any:
+        """Compute layer ``i`` from its input layers' tensors."""
+        layer = self.layers[i]
+        if i == self.n - 1:
+            return self._loss(self._value(self._out_node, values))
+        node = layer.node
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                       lambda n: self._value(n, values))
+        if node.op == "call_function" and kwargs.get("inplace") is True:
+            kwargs["inplace"] = False
+        return self._fns[node.name](*args, **kwargs)
+
+    def reference_loss(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain model's loss on ``x`` (same targets as the last layer)."""
+        out = self.model(x)
+        return self._loss(out)
+
+
+
+def is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem

@@ -1,0 +1,86 @@
+"""Measure each step's transient memory: what a step allocates and frees itself.
+
+A step's level in the simulator is what it needs and allocates plus its
+workspace.  Real kernels also use memory they free before returning: oneDNN
+reorders convolution weights into a blocked layout on CPU, cuDNN takes a
+workspace on GPU, autograd materializes a parameter's gradient before it
+replaces (or is added to) the ``.grad`` buffer, a second contribution to an
+activation gradient exists beside the sum it is added to.  This module runs
+one annotated step of the executor (policy ``none``, nothing freed) and, per
+step, takes
+
+    workspace = measured peak inside the step - level before it - bytes the
+                step allocates (its outputs, saved extras and gradients)
+
+so that the trace can carry it as the layer's ``workspace`` entry and the
+simulator counts it (DESIGN section 2: transient, only during the step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from snsim.graph import Graph
+from snsim.policies.none import plan_none
+from snsim.policies.base import PlanContext
+from snsim.schedule.ops import Compute
+
+from snsim.execute.executor import Executor
+from snsim.execute.memory import per_op_levels
+from snsim.execute.program import Program
+
+# Below this a measured transient is allocator noise (alignment, small tensors).
+_NOISE_BYTES = 4096
+
+
+def measure_transients(program: Program, graph: Graph, batch: Any,
+                       device: torch.device) -> dict[int, tuple[int, int]]:
+    """Layer id -> (forward, backward) transient bytes, for layers that have any."""
+    schedule = plan_none(PlanContext(graph))
+    ex = Executor(program, graph, schedule, device)
+    ex.prepare()
+    ex.step(batch)  # warm-up: lazy initializations are not transients
+    peaks: dict[int, tuple[int, int]] = {}   # op index -> (peak, end), relative
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+
+        def hook(k, when):
+            torch.cuda.synchronize(device)
+            if when == "before":
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                peaks[k] = (torch.cuda.max_memory_allocated(device) - base,
+                            torch.cuda.memory_allocated(device) - base)
+
+        ex.prepare()
+        ex.step(batch, hook=hook)
+    else:
+        from torch.profiler import ProfilerActivity, profile
+
+        from snsim.execute.memory import mark_window
+
+        ex.prepare(fresh=True)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            mark_window()
+            ex.step(batch, annotate=True)
+        peaks = per_op_levels(prof)
+    out: dict[int, list[int]] = {}
+    level = 0  # relative to the window's start
+    allocated: set = set()
+    for k, op in enumerate(schedule.ops):
+        if k not in peaks:
+            continue
+        peak, end = peaks[k]
+        if type(op) is Compute:
+            new = [t for t in graph.allocs(op.step) if t not in allocated]
+            allocated.update(new)
+            own = sum(graph.size(t) for t in new)
+            ws = peak - level - own
+            if ws > _NOISE_BYTES:
+                slot = 1 if op.phase == "B" else 0
+                out.setdefault(op.layer, [0, 0])[slot] = ws
+        level = end
+    return {i: (v[0], v[1]) for i, v in out.items()}
