@@ -144,7 +144,7 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
     tensors whose current instance is last used there: a tensor that is
     allocated again later is freed after its last use before that).
     """
-    needs, allocs = graph.needs, graph.allocs
+    needs, allocs = graph._needs.__getitem__, graph._allocs.__getitem__
     uses: dict[Tensor, list[int]] = {}
     last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
@@ -221,7 +221,8 @@ def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
 def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
     "Time"), without simpy; ``inf`` when an allocation can never fit."""
-    size = graph.size
+    size = _Sizes(graph)
+    allocs_of, layers = graph._allocs, graph.layers
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
     now = d2h = h2d = 0.0
@@ -230,15 +231,16 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     off_done: dict = {}
     in_done: dict = {}
     pending: list = []   # (time, bytes) of frees under way
+    heappop = heapq.heappop
 
     def fit(need: int) -> bool:
         nonlocal now, level
         while pending and pending[0][0] <= now:
-            level -= heapq.heappop(pending)[1]
+            level -= heappop(pending)[1]
         while level + need > capacity:
             if not pending:
                 return False
-            t, b = heapq.heappop(pending)
+            t, b = heappop(pending)
             now = max(now, t)
             level -= b
         return True
@@ -247,37 +249,58 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
         tp = type(op)
         if tp is Compute:
             step = op.step
-            new = [t for t in graph.allocs(step) if t not in resident]
-            nb = sum(size(t) for t in new)
-            if not fit(nb + graph.workspace_bytes(step, op.algo)):
+            nb = 0
+            for t in allocs_of[step]:
+                if t not in resident:
+                    resident.add(t)
+                    nb += size[t]
+            layer = layers[op.layer]
+            ws = graph.workspace_bytes(step, op.algo) if layer.workspace else 0
+            if level + nb + ws > capacity and not fit(nb + ws):
                 return math.inf
-            resident.update(new)
             level += nb
-            now += graph.step_ms(step, op.algo)
+            if op.algo:
+                now += graph.step_ms(step, op.algo)
+            else:
+                now += layer.bwd_ms if op.phase == "B" else layer.fwd_ms
         elif tp is Free:
             t = op.tensor
             resident.discard(t)
             done = off_done.get(t, 0.0)
             if done > now:
-                heapq.heappush(pending, (done, size(t)))
+                heapq.heappush(pending, (done, size[t]))
             else:
-                level -= size(t)
+                level -= size[t]
         elif tp is Offload:
-            d2h = max(d2h, now) + size(op.tensor) * d2h_ms
+            d2h = max(d2h, now) + size[op.tensor] * d2h_ms
             off_done[op.tensor] = d2h
         elif tp is Prefetch:
             t = op.tensor
-            if not fit(size(t)):
+            if level + size[t] > capacity and not fit(size[t]):
                 return math.inf
             resident.add(t)
-            level += size(t)
-            h2d = max(h2d, now, off_done.get(t, 0.0)) + size(t) * h2d_ms
+            level += size[t]
+            h2d = max(h2d, now, off_done.get(t, 0.0)) + size[t] * h2d_ms
             in_done[t] = h2d
         elif tp is Wait:
             t = op.tensor
             done = in_done.pop(t, None)
             now = max(now, off_done.get(t, 0.0) if done is None else done)
     return max(now, d2h, h2d)
+
+
+class _Sizes(dict):
+    """Tensor sizes of one graph, filled on first use."""
+
+    def __init__(self, graph: Graph):
+        super().__init__()
+        self.size = graph.size
+
+    def __missing__(self, t):
+        b = self[t] = self.size(t)
+        return b
+
+
 
 
 # ------------------------------------------------------------ tensor cache
@@ -312,11 +335,14 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
+        self.sz = _Sizes(graph)
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
         self.lru: OrderedDict = OrderedDict()   # evictable resident tensors
         self.ops: list[Op] = []
         self.evicted: set = set()
+        self.made_at: dict = {}   # tensor -> op index right after the step that made it
+        self.copies: set = set()  # (that index, tensor) of the instances evicted
         self.reason: str | None = None
         self.n_evict = self.hits = self.misses = self.prefetched = 0
         self.bytes_in = 0
@@ -324,7 +350,10 @@ class CachePlanner:
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use).
         ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
-        self.step_need = [sum(graph.size(t) for t in graph.allocs(st)) + ws(st) for st in seq]
+        sz, allocs = self.sz, graph._allocs
+        layers = graph.layers
+        self.step_need = [sum([sz[t] for t in allocs[st]])
+                          + (ws(st) if layers[st[1]].workspace else 0) for st in seq]
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -337,7 +366,7 @@ class CachePlanner:
         only tensors not needed before that position (for prefetches)."""
         if self.level + need <= self.cap:
             return True
-        size = self.g.size
+        size = self.sz.__getitem__
         victims = []
         free = self.cap - self.level
         for t in self.lru:
@@ -370,90 +399,104 @@ class CachePlanner:
     def _evict(self, t: Tensor) -> None:
         del self.lru[t]
         self.state[t] = _HOST
-        if self.sync and t not in self.evicted:
+        copy = (self.made_at[t], t)   # this instance of t
+        if self.sync and copy not in self.copies:
             self.ops.append(Offload(t))
             self.ops.append(Wait(t))
+        self.copies.add(copy)
         self.evicted.add(t)
         self.ops.append(Free(t))
-        self.level -= self.g.size(t)
+        self.level -= self.sz[t]
         self.n_evict += 1
 
     def _fetch(self, t: Tensor) -> None:
         self.ops.append(Prefetch(t))
         self.state[t] = _IN
-        self.level += self.g.size(t)
-        self.bytes_in += self.g.size(t)
+        self.level += self.sz[t]
+        self.bytes_in += self.sz[t]
 
     # ---- walk
     def run(self) -> list[Op]:
-        g, size, state, lru = self.g, self.g.size, self.state, self.lru
-        needs_of, allocs_of = g.needs, g.allocs
-        boundary = self.boundary
+        g, sz, state, lru, ops = self.g, self.sz, self.state, self.lru, self.ops
+        needs_of, allocs_of = g._needs, g._allocs
+        ws_of = g.min_workspace_bytes if self.dyn_ws else g.workspace_bytes
+        layers, boundary, frees = g.layers, self.boundary, self.frees
+        made_at = self.made_at
+        made: list = []      # (op index right after the step, tensor) for offload_all
         for p, step in enumerate(self.seq):
-            needs = needs_of(step)
-            allocs = allocs_of(step)
-            pinned = set(needs)
-            pinned.update(allocs)
+            needs = needs_of[step]
+            allocs = allocs_of[step]
+            pinned = needs + allocs
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
-                s = state.get(t, _RES)
-                if s == _IN:
-                    self.ops.append(Wait(t))
-                    state[t] = _RES
-                    lru[t] = None
-                    self.prefetched += 1
-                elif s == _HOST:
+                s = state[t]
+                if s == _RES:
+                    if t in lru:
+                        self.hits += 1
+                        lru.move_to_end(t)
+                    continue
+                if s == _HOST:
                     self.misses += 1
-                    if not self._make_room(size(t), pinned, p):
-                        self._fail(step, size(t))
+                    if not self._make_room(sz[t], pinned, p):
+                        self._fail(step, sz[t])
                     self._fetch(t)
-                    self.ops.append(Wait(t))
-                    state[t] = _RES
-                    lru[t] = None
-                elif t in lru:
-                    self.hits += 1
-                    lru.move_to_end(t)
+                else:
+                    self.prefetched += 1
+                ops.append(Wait(t))
+                state[t] = _RES
+                lru[t] = None
             # 2. room for what it allocates, with its smallest workspace
-            new = [t for t in allocs if t not in state or state[t] != _RES]
-            nb = sum(size(t) for t in new)
-            min_ws = g.min_workspace_bytes(step) if self.dyn_ws else g.workspace_bytes(step)
-            if not self._make_room(nb + min_ws, pinned, p):
-                self._fail(step, nb + min_ws)
+            new = [t for t in allocs if state.get(t) != _RES]
+            nb = 0
+            for t in new:
+                nb += sz[t]
+            ws = layers[step[1]].workspace
+            need = nb + (ws_of(step) if ws else 0)
+            if self.level + need > self.cap and not self._make_room(need, pinned, p):
+                self._fail(step, need)
             # 3. prefetch ahead, leaving room for this step
             if boundary is not None and boundary[p]:
-                self._prefetch_window(p, nb + min_ws, pinned)
+                self._prefetch_window(p, need, pinned)
             # 4. the step, with its workspace algorithm
-            algo = self._algo(step, nb) if self.dyn_ws else 0
-            self.ops.append(Compute(step[0], step[1], algo))
+            algo = self._algo(step, nb) if ws and self.dyn_ws else 0
+            ops.append(Compute(step[0], step[1], algo))
+            k = len(ops)
             for t in new:
                 state[t] = _RES
-                self.level += size(t)
+                self.level += sz[t]
                 if self.evictable(t):
                     lru[t] = None
-                    if not self.sync:
-                        self.ops.append(Offload(t))
+                    made_at[t] = k
+                    made.append((k, t))
             # 5. liveness
-            for t in self.frees[p]:
-                s = state.pop(t, None)
-                if s == _RES:
-                    self.ops.append(Free(t))
-                    self.level -= size(t)
+            for t in frees[p]:
+                if state.pop(t, None) == _RES:
+                    ops.append(Free(t))
+                    self.level -= sz[t]
                     lru.pop(t, None)
-        if not self.sync and not self.offload_all:
-            ev = self.evicted
-            self.ops = [op for op in self.ops if type(op) is not Offload or op.tensor in ev]
+        if not self.sync:   # paper mode: copy out right after the step that made it
+            at: dict[int, list] = {}
+            for k, t in (made if self.offload_all else sorted(self.copies)):
+                at.setdefault(k, []).append(Offload(t))
+            out: list[Op] = []
+            for k, op in enumerate(ops):
+                if k in at:
+                    out.extend(at[k])
+                out.append(op)
+            if len(ops) in at:
+                out.extend(at[len(ops)])
+            self.ops = out
         return self.ops
 
     def _algo(self, step: Step, nb: int) -> int:
-        ws = self.g.layers[step[1]].workspace
-        if not ws:
-            return 0
+        layer = self.g.layers[step[1]]
         free = self.cap - self.level - nb
         bwd = step[0] == "B"
         best, best_ms, small, small_b = None, math.inf, 0, math.inf
-        for k, w in enumerate(ws):
-            b = w.backward_bytes if bwd else w.fwd_bytes
-            ms = self.g.step_ms(step, k)
+        for k, w in enumerate(layer.workspace):
+            b = w.backward_bytes if bwd else w.bytes
+            # entry 0's times are the layer's own (DESIGN section 2)
+            ms = (w.bwd_ms if bwd else w.fwd_ms) if k else (layer.bwd_ms if bwd else layer.fwd_ms)
             if b <= free and ms < best_ms:
                 best, best_ms = k, ms
             if b < small_b:
@@ -475,7 +518,7 @@ class CachePlanner:
         if want:
             reserve = max([reserve] + self.step_need[p + 1:last + 1])
         for t in want:
-            if not self._make_room(reserve + self.g.size(t), pinned, p, until=last):
+            if not self._make_room(reserve + self.sz[t], pinned, p, until=last):
                 break
             self._fetch(t)
 

@@ -1,20 +1,24 @@
 """``utp``: SuperNeurons' unified tensor pool on top of liveness.
 
-Checkpoint outputs (:func:`tools.checkpoints`) live in an LRU tensor cache:
-they stay on the device while memory allows; when an allocation would exceed
-the budget, the least recently used ones are evicted; before each checkpoint
-step, evicted tensors needed up to the next checkpoint step are prefetched
-(one checkpoint ahead, so the copy overlaps compute); anything still missing
-when a step needs it is fetched on demand and waited for (a stall).  Other
-tensors follow liveness.
+Activations (outputs, saved extras, gradients) live in an LRU tensor cache,
+like the release's global list: they stay on the device while memory allows;
+when an allocation would exceed the budget, the least recently used ones are
+evicted (copied to the host, then freed).  Before each checkpoint step
+(:func:`tools.checkpoints`: conv, fc, add, concat, data, loss, forks), evicted
+tensors needed up to the next checkpoint step are prefetched, one checkpoint
+ahead, so the copy overlaps compute; anything still missing when a step needs
+it is fetched on demand and waited for (a stall).  Everything else follows
+liveness.
 
-Paper versus release (SUPERNEURONS.md).  The paper copies checkpoint outputs
-to the host asynchronously after their forward and prefetches in backward;
-that is the default.  The planner sees the whole route, so it copies out only
-the tensors its cache will evict (``offload_all=True`` copies all of them, as
-the paper's runtime does).  The release instead copies a tensor out
-synchronously when an allocation fails, and brings it back synchronously on
-demand, with no prefetch: ``plan_utp(ctx, release=True)``.
+Paper versus release (SUPERNEURONS.md).  The paper copies tensors to the host
+asynchronously right after the step that makes them and prefetches in
+backward; that is the default.  The planner sees the whole route, so it copies
+out only the tensors its cache will evict (``offload_all=True`` copies every
+activation, as a runtime that cannot see ahead must).  The release instead
+copies a tensor out synchronously when an allocation fails, waits for it, and
+brings it back synchronously on demand, with no prefetch:
+``plan_utp(ctx, release=True)`` (not a registered name: the policy names are
+fixed by DESIGN section 3).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from snsim.schedule.ops import Schedule
 
 def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
                      dyn_ws: bool = False, offload_all: bool = False) -> tools.CachePlanner:
-    """A :class:`tools.CachePlanner` over checkpoint outputs, prefetching one
-    checkpoint step ahead; ``run()`` it to get the ops."""
+    """A :class:`tools.CachePlanner` over all activations, prefetching at
+    checkpoint steps (one checkpoint ahead); ``run()`` it to get the ops."""
     ckpt = tools.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
     return tools.CachePlanner(graph, seq, capacity,
