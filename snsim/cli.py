@@ -152,11 +152,10 @@ def _add_profile(sub) -> None:
 
 
 def _add_validate(sub) -> None:
-    try:
-        from snsim.validate_cmd import add_arguments, run
-    except ImportError:
-        return
-    p = sub.add_parser("validate", help="run a schedule for real and compare with the simulator")
+    from snsim.validation.command import add_arguments, run
+
+    p = sub.add_parser("validate", help="run a schedule for real and compare with the "
+                       "simulator (needs torch)")
     add_arguments(p)
     p.set_defaults(func=run)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from snsim.errors import SnsimError
 
@@ -31,8 +32,9 @@ def parse_size(text: str | int) -> int:
         raise SnsimError(
             f"cannot read size {text!r}: use plain bytes or a number with "
             "B, KB, MB, GB, KiB, MiB, GiB (e.g. 12GiB, 512MiB)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    return int(round(value))
+    # Decimal keeps large sizes exact (a float would round 4611686019GB)
+    value = Decimal(m.group(1)) * _UNITS[m.group(2).lower()]
+    return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def fmt_bytes(n: float | None) -> str:

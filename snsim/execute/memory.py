@@ -12,7 +12,10 @@ in, since the CPU allocator keeps no global count).  CUDA: ``max_memory_allocate
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -52,7 +55,8 @@ def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: i
                           torch.cuda.max_memory_allocated(device) - existing_bytes)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
+                                 profile_memory=True) as prof:
         mark_window()
         fn()
     events = _alloc_events(prof)
@@ -62,6 +66,26 @@ def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: i
 
 
 _MARK = "snsim#base"
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """Silence file descriptor 2 around a profiler window.
+
+    The CPU profiler's C++ side prints start/stop lines and a warning per
+    free of memory allocated before the window; they are not for users.
+    Python exceptions still propagate (and are reported after this exits).
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def mark_window() -> None:

@@ -1,0 +1,90 @@
+"""``snsim validate``: one case, or a suite from a TOML file.
+
+Imported by ``snsim/cli.py`` when it builds its parser; nothing here imports
+torch at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from snsim.errors import SnsimError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Execute a policy's schedule for real in PyTorch and compare the "
+                          "measured peak memory and step time with the simulator's prediction.")
+    parser.add_argument("--model", metavar="NAME|package.module:function")
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--input-shape", metavar="C,H,W")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--policy", default="superneurons",
+                        help="policy name, or 'best' (the simulator's first under the budget)")
+    parser.add_argument("--budget", help="memory budget (12GiB, 512MiB, 1.2xlb, bytes)")
+    parser.add_argument("--trace", help="use this trace instead of profiling the model")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--baselines", action="store_true",
+                        help="also measure plain autograd, torch.utils.checkpoint (sqrt n) "
+                             "and save_on_cpu (GPU only)")
+    parser.add_argument("--json", action="store_true", help="print exactly the JSON result")
+    parser.add_argument("--suite", metavar="SUITE.toml", help="run a validation suite")
+    parser.add_argument("--out", metavar="DIR", help="suite report folder "
+                        "(default: beside the suite file, report-<suite name>)")
+
+
+def _torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SnsimError("snsim validate needs PyTorch: pip install 'snsim[torch]' "
+                         "(torch==2.13.0)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    _torch()
+    if args.suite:
+        from snsim.validation.suite import run_suite
+
+        return run_suite(args.suite, args.out, device=None)
+    missing = [f"--{k}" for k in ("model", "batch") if getattr(args, k) is None]
+    if missing:
+        raise SnsimError(f"snsim validate needs {', '.join(missing)} (or --suite FILE)")
+    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
+        raise SnsimError("--batch and --repeats must be at least 1, --warmup at least 0")
+    from snsim.profile.command import parse_shape
+    from snsim.validation.run import Case, Session, validate_case
+
+    case = Case(model=args.model, batch=args.batch, policy=args.policy,
+                input_shape=parse_shape(args.input_shape), budget=args.budget,
+                device=args.device, repeats=args.repeats, warmup=args.warmup)
+    session = Session(progress=not args.json)
+    out = validate_case(case, session, args.trace)
+    base_rows = []
+    if args.baselines:
+        from snsim.validation.suite import measure_baselines
+
+        base_rows = measure_baselines(case, out)
+    if args.json:
+        d = out.to_dict()
+        if base_rows:
+            d["baselines"] = base_rows
+        print(json.dumps(d, indent=1))
+        return 0
+    from snsim.units import fmt_bytes
+
+    print(f"{case.model}, batch {case.batch}, {case.device}: policy {out.policy}, budget "
+          f"{fmt_bytes(out.budget_bytes) if out.budget_bytes else 'device memory'}"
+          + ("" if out.feasible else f"  (simulator: INFEASIBLE: {out.reason})"))
+    print(f"  peak memory  predicted {fmt_bytes(out.predicted_peak_bytes):>12}  measured "
+          f"{fmt_bytes(out.measured_peak_bytes):>12}  error {out.peak_error:+.1%}")
+    print(f"  step time    predicted {out.predicted_step_ms:9.2f} ms  measured "
+          f"{out.measured_step_ms:9.2f} ms  error {out.time_error:+.1%}")
+    print(f"  gradients    max |executor - autograd| = {out.max_grad_abs_diff:.3g}")
+    if base_rows:
+        print("  what a user would run instead:")
+        for row in base_rows:
+            print(f"    {row['method']:<20} peak {fmt_bytes(row['measured_peak_bytes']):>12}"
+                  f"  step {row['measured_step_ms']:9.2f} ms")
+    return 0

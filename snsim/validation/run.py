@@ -1,0 +1,180 @@
+"""Validate one case: profile (or load) a trace, predict, execute, compare.
+
+The prediction is made from the trace alone, before the real run; nothing
+measured while executing feeds it.  Errors are signed relative errors,
+``(measured - predicted) / measured``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from snsim.errors import SnsimError
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    batch: int
+    policy: str
+    input_shape: tuple[int, ...] | None = None
+    budget: str | None = None
+    device: str = "cpu"
+    repeats: int = 5
+    warmup: int = 2
+
+
+@dataclass
+class Outcome:
+    """Predicted against measured for one case (the ``--json`` object)."""
+
+    model: str
+    batch: int
+    policy: str
+    budget_bytes: int | None
+    feasible: bool
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    peak_error: float
+    predicted_step_ms: float
+    measured_step_ms: float
+    time_error: float
+    max_grad_abs_diff: float
+    device: str
+    lower_bound_bytes: int = 0
+    compute_ms: float = 0.0
+    measured_reserved_bytes: int | None = None
+    step_ms_samples: list[float] = field(default_factory=list)
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["step_ms_samples"] = [round(x, 4) for x in self.step_ms_samples]
+        return d
+
+
+def _rel(measured: float, predicted: float) -> float:
+    return (measured - predicted) / measured if measured else 0.0
+
+
+class Session:
+    """Traces and models built once per (model, batch, shape, device)."""
+
+    def __init__(self, progress: bool = False):
+        self.traces: dict = {}
+        self.progress = progress
+
+    def trace(self, case: Case, trace_path: str | None = None):
+        from snsim.trace import from_dict, load
+
+        if trace_path is not None:
+            return load(trace_path)
+        key = (case.model, case.batch, case.input_shape, case.device)
+        if key not in self.traces:
+            from snsim.profile import profiler
+
+            doc = profiler.profile(case.model, case.batch, case.input_shape,
+                                   device=case.device, repeats=max(case.repeats, 3),
+                                   warmup=case.warmup, progress=self.progress)
+            self.traces[key] = from_dict(doc, f"<profile of {case.model}>")
+        return self.traces[key]
+
+
+def choose_policy(graph, policy: str, budget: int | None) -> str:
+    """``best``: the policy the simulator ranks first under the budget."""
+    if policy != "best":
+        return policy
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.report import rank
+    from snsim.sim import simulate
+
+    ctx = PlanContext(graph, budget)
+    results = [simulate(graph, policies.plan(n, ctx), budget, record=False)
+               for n in policies.names()]
+    return rank(results)[0].policy
+
+
+def predict(graph, policy: str, budget: int | None):
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.schedule import verify
+    from snsim.sim import simulate
+
+    schedule = policies.plan(policies.get(policy).name, PlanContext(graph, budget))
+    verify(graph, schedule)
+    return schedule, simulate(graph, schedule, budget, record=False)
+
+
+def validate_case(case: Case, session: Session | None = None,
+                  trace_path: str | None = None) -> Outcome:
+    """Run ``case`` and return predicted against measured."""
+    import torch
+
+    from snsim.cli import _budget
+    from snsim.execute.executor import Executor
+    from snsim.execute.memory import measure_peak, tensor_bytes, time_ms
+    from snsim.execute.program import Program
+    from snsim.graph import Graph
+    from snsim.profile import profiler
+
+    session = session or Session()
+    threads = torch.get_num_threads()
+    if case.device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        trace = session.trace(case, trace_path)
+        graph = Graph(trace)
+        budget = _budget(case.budget, graph)
+        policy = choose_policy(graph, case.policy, budget)
+        schedule, pred = predict(graph, policy, budget)
+        # ---- real run (nothing below feeds the prediction above) ----
+        dev = torch.device(case.device)
+        torch.manual_seed(0)
+        ms = profiler.resolve(case.model, case.input_shape, dev)
+        ms.model.train()
+        example = profiler._example(ms, case.batch, dev)
+        reference = copy.deepcopy(ms.model)
+        program = Program(ms.model, example)
+        if program.n != graph.n:
+            raise SnsimError(f"trace has {graph.n} layers but {case.model} captures "
+                             f"{program.n}; profile the same model and input shape")
+        batch = example.cpu().numpy().copy() if dev.type == "cpu" else example.cpu().pin_memory()
+        ex = Executor(program, graph, schedule, dev)
+        try:
+            ex.prepare(fresh=True)
+            torch.manual_seed(1)
+            ex.step(batch)
+            grads = [p.grad.detach().clone() for p in program.param_list]
+            torch.manual_seed(1)
+            ref_loss = program._loss(reference(example))
+            ref_loss.backward()
+            ref = [p.grad for p in reference.parameters() if p.requires_grad]
+            diff = max(((a - b).abs().max().item() for a, b in zip(grads, ref)), default=0.0)
+            del reference, ref, grads, ref_loss
+            existing = tensor_bytes(list(ms.model.parameters()) + list(ms.model.buffers())
+                                    + [v for v in program._consts.values()
+                                       if isinstance(v, torch.Tensor)])
+
+            def once() -> None:
+                ex.prepare(fresh=True)
+                ex.step(batch)
+
+            peak = measure_peak(once, dev, existing)
+            step_ms, samples = time_ms(lambda: ex.step(batch), dev, case.warmup, case.repeats)
+        finally:
+            ex.close()
+    finally:
+        torch.set_num_threads(threads)
+    return Outcome(
+        model=case.model, batch=case.batch, policy=policy, budget_bytes=budget,
+        feasible=pred.feasible, predicted_peak_bytes=pred.peak_bytes,
+        measured_peak_bytes=peak.peak_bytes,
+        peak_error=_rel(peak.peak_bytes, pred.peak_bytes),
+        predicted_step_ms=pred.iteration_ms, measured_step_ms=step_ms,
+        time_error=_rel(step_ms, pred.iteration_ms), max_grad_abs_diff=diff,
+        device=case.device, lower_bound_bytes=graph.lower_bound_bytes,
+        compute_ms=pred.compute_ms, measured_reserved_bytes=peak.reserved_bytes,
+        step_ms_samples=samples, reason=pred.reason)
