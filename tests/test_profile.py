@@ -328,3 +328,12 @@ def test_trace_validates_and_compact_dump_round_trips(tmp_path):
 
     assert json.loads(path.read_text()) == json.loads(json.dumps(doc))
     assert from_dict(doc).layers[-1].kind == "loss"
+
+
+def test_meta_memo_changes_nothing(monkeypatch):
+    """Memoized modeled capture (note [6]) equals a full run, field for field."""
+    spec, shape = "resnet50", (3, 32, 32)
+    fast = profiler.profile(spec, 1, shape, device_model="k40c")
+    monkeypatch.setattr(cap, "MEMO", False)
+    slow = profiler.profile(spec, 1, shape, device_model="k40c")
+    assert fast["layers"] == slow["layers"]

@@ -124,34 +124,50 @@ def time_training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn,
     return {"step_ms": m, "step_ms_p10": lo, "step_ms_p90": hi}
 
 
-def conv_workspaces(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> list[dict]:
+def conv_workspaces(op: LayerOp, clock: Clock, warmup: int,
+                    repeats: int) -> tuple[list[dict], dict[str, float]]:
     """CUDA: one entry per cuDNN selection mode, with measured workspace and times.
 
     PyTorch exposes no per-algorithm cuDNN API, but it exposes the choice
-    between the heuristic algorithm (``cudnn.benchmark = False``) and the
-    fastest found by ``cudnnFind`` (``benchmark = True``); the workspace is
-    the allocator's peak during the call above what the call keeps.
+    between the heuristic algorithm (``cudnn.benchmark = False``, PyTorch's
+    default, listed first) and the fastest found by ``cudnnFind``
+    (``benchmark = True``).  Workspace = the caching allocator's peak during
+    the call above what is allocated after it (forward: ``bytes``; backward:
+    ``bwd_bytes``).  Returns the entries and the full timing of the first.
     """
-    entries = []
+    entries, first = [], {}
     saved = torch.backends.cudnn.benchmark
     try:
         for algo, bench in (("cudnn-heuristic", False), ("cudnn-benchmark", True)):
             torch.backends.cudnn.benchmark = bench
             leaves = op.leaves()
             op.fn(*leaves)  # let benchmark mode search before measuring
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            out = op.fn(*leaves)
-            torch.cuda.synchronize()
-            ws = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
-            del out
+            fwd_ws, out = _peak_above(lambda: op.fn(*leaves))
+            outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            wrt = [x for x in leaves if x.requires_grad] + list(op.params)
+            bwd_ws = 0
+            if outs and wrt:
+                grads = [torch.ones_like(t) for t in outs]
+                bwd_ws, _ = _peak_above(lambda: torch.autograd.grad(
+                    outs, wrt, grads, retain_graph=True, allow_unused=True))
+            del out, outs
             t = time_layer(op, clock, warmup, repeats)
-            entries.append({"algo": algo, "bytes": int(ws), "fwd_ms": t["fwd_ms"],
-                            "bwd_ms": t["bwd_ms"], "base_bytes": int(base)})
+            first = first or t
+            entries.append({"algo": algo, "bytes": fwd_ws, "bwd_bytes": bwd_ws,
+                            "fwd_ms": t["fwd_ms"], "bwd_ms": t["bwd_ms"]})
     finally:
         torch.backends.cudnn.benchmark = saved
-    return entries
+    return entries, first
+
+
+def _peak_above(fn) -> tuple[int, object]:
+    """(allocator peak during ``fn()`` minus what is allocated after it, its result)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    return max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()), result
 
 
 _SIZES = [2**20, 2**22, 2**24, 2**26, 2**28]

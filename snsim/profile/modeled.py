@@ -91,8 +91,16 @@ class CostMode(TorchDispatchMode):
         return out
 
 
-def layer_cost(op: LayerOp, preset: DevicePreset) -> tuple[Cost, Cost]:
-    """(forward, backward) roofline cost of one layer on meta tensors."""
+def layer_cost(op: LayerOp, preset: DevicePreset,
+               cache: dict | None = None) -> tuple[Cost, Cost]:
+    """(forward, backward) roofline cost of one layer on meta tensors.
+
+    ``cache`` maps :attr:`LayerOp.key` to results: equal keys cost the same.
+    """
+    if cache is not None and op.key is not None:
+        if op.key not in cache:
+            cache[op.key] = layer_cost(op, preset)
+        return cache[op.key]
     leaves = op.leaves()
     with CostMode(preset) as fwd_mode:
         out = op.fn(*leaves)
