@@ -289,6 +289,8 @@ def test_command_writes_loadable_trace(user_module, tmp_path, capsys):
     ({"model": "resnet18", "input_shape": "3,224"}, "takes an input shape of 3 numbers"),
     ({"model": "resnet18", "device_model": "gtx480"}, "unknown device model 'gtx480'"),
     ({"model": "resnet18", "batch": 0}, "--batch must be at least 1"),
+    ({"model": "resnet18", "batch": 1, "input_shape": "3,32,32"},
+     "failed on inputs of shape 1x512x1x1: ValueError"),
     ({"model": "resnet18", "device_model": "k40c", "device": "cpu"}, "cannot be combined"),
 ])
 def test_bad_inputs_one_line_and_no_file(user_module, tmp_path, kw, msg):
@@ -333,7 +335,7 @@ def test_trace_validates_and_compact_dump_round_trips(tmp_path):
 def test_meta_memo_changes_nothing(monkeypatch):
     """Memoized modeled capture (note [6]) equals a full run, field for field."""
     spec, shape = "resnet50", (3, 32, 32)
-    fast = profiler.profile(spec, 1, shape, device_model="k40c")
+    fast = profiler.profile(spec, 2, shape, device_model="k40c")
     monkeypatch.setattr(cap, "MEMO", False)
-    slow = profiler.profile(spec, 1, shape, device_model="k40c")
+    slow = profiler.profile(spec, 2, shape, device_model="k40c")
     assert fast["layers"] == slow["layers"]

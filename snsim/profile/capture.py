@@ -380,8 +380,14 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
         out = torch.empty_strided(shape, stride, dtype=dtype, device=leaves[0].device)
     else:
         saved = _SavedBytes()
-        with saved.hooks():
-            out = call(*leaves)
+        try:
+            with saved.hooks():
+                out = call(*leaves)
+        except Exception as exc:  # a model that fails on this input: the user's to fix
+            shapes = ", ".join("x".join(map(str, x.shape)) for x in leaves)
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SnsimError(f"layer {node.name} failed on inputs of shape {shapes}: "
+                             f"{type(exc).__name__}: {msg}") from None
     outs = _tensors(out)
     leaf_ids = {_sid(x) for x in leaves}
     if not outs:  # size(), shape numbers: constants
