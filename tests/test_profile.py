@@ -76,7 +76,6 @@ def _profile(model_cls, batch=2, shape=(3, 8, 8), **kw):
 
 def _doc(model, batch, shape, device_model=None, repeats=1, warmup=0):
     """Profile an in-memory model through the same path as the command."""
-    dev = torch.device("meta" if device_model else "cpu")
     if device_model:
         model = model.to_empty(device="meta")
     spec = profiler.ModelSpec(type(model).__name__, model, shape, torch.float32)

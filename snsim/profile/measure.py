@@ -142,16 +142,16 @@ def conv_workspaces(op: LayerOp, clock: Clock, warmup: int,
             torch.backends.cudnn.benchmark = bench
             leaves = op.leaves()
             op.fn(*leaves)  # let benchmark mode search before measuring
-            fwd_ws, out = _peak_above(lambda: op.fn(*leaves))
+            fwd_ws, out = _peak_above(op.fn, *leaves)
             outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
                     if isinstance(t, torch.Tensor) and t.requires_grad]
             wrt = [x for x in leaves if x.requires_grad] + list(op.params)
             bwd_ws = 0
             if outs and wrt:
                 grads = [torch.ones_like(t) for t in outs]
-                bwd_ws, _ = _peak_above(lambda: torch.autograd.grad(
-                    outs, wrt, grads, retain_graph=True, allow_unused=True))
-            del out, outs
+                bwd_ws, _ = _peak_above(torch.autograd.grad, outs, wrt, grads,
+                                        retain_graph=True, allow_unused=True)
+            out = outs = None  # free before timing
             t = time_layer(op, clock, warmup, repeats)
             first = first or t
             entries.append({"algo": algo, "bytes": fwd_ws, "bwd_bytes": bwd_ws,
@@ -161,11 +161,11 @@ def conv_workspaces(op: LayerOp, clock: Clock, warmup: int,
     return entries, first
 
 
-def _peak_above(fn) -> tuple[int, object]:
-    """(allocator peak during ``fn()`` minus what is allocated after it, its result)."""
+def _peak_above(fn, *args, **kwargs) -> tuple[int, object]:
+    """(allocator peak during ``fn(...)`` minus what is allocated after it, its result)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    result = fn()
+    result = fn(*args, **kwargs)
     torch.cuda.synchronize()
     return max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()), result
 
