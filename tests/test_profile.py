@@ -7,6 +7,8 @@ import math
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -338,3 +340,69 @@ def test_meta_memo_changes_nothing(monkeypatch):
     monkeypatch.setattr(cap, "MEMO", False)
     slow = profiler.profile(spec, 2, shape, device_model="k40c")
     assert fast["layers"] == slow["layers"]
+
+
+def test_cli_profile_smoke_and_error_exit(user_module, tmp_path, capsys):
+    from snsim.cli import main
+
+    out = tmp_path / "cli.json"
+    assert main(["profile", "--model", "usermods:good", "--batch", "2", "--repeats", "1",
+                 "--warmup", "0", "--no-progress", "--out", str(out)]) == 0
+    assert load(out).layers[-1].kind == "loss"
+    capsys.readouterr()
+    assert main(["profile", "--model", "usermods:not_a_module", "--batch", "2",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("snsim: error:") and "\n" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+# ------------------------------------------------------------- property test
+
+
+class RandomNet(nn.Module):
+    """A random stack of conv/bn/relu/pool/dropout with optional residual adds and concats."""
+
+    def __init__(self, ops):
+        super().__init__()
+        self.ops = ops
+        mods, c = [], 3
+        for op in ops:
+            if op in ("conv", "res", "cat"):
+                mods.append(nn.Conv2d(c, c if op == "res" else 4, 3, padding=1))
+                c = c + 4 if op == "cat" else (c if op == "res" else 4)
+            elif op == "bn":
+                mods.append(nn.BatchNorm2d(c))
+            elif op == "relu":
+                mods.append(nn.ReLU(inplace=True))
+            elif op == "pool":
+                mods.append(nn.MaxPool2d(3, 1, 1))
+            else:
+                mods.append(nn.Dropout(0.3))
+        self.body = nn.ModuleList(mods)
+        self.fc = nn.Linear(c * 6 * 6, 3)
+
+    def forward(self, x):
+        for op, mod in zip(self.ops, self.body):
+            if op == "res":
+                x = x + mod(x)
+            elif op == "cat":
+                x = torch.cat([x, mod(x)], 1)
+            else:
+                x = mod(x)
+        return self.fc(x.flatten(1))
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.sampled_from(["conv", "bn", "relu", "pool", "drop", "res", "cat"]),
+                           min_size=1, max_size=6))
+def test_property_random_nets_bytes_agree_and_are_exact(ops):
+    torch.manual_seed(0)
+    measured = _doc(RandomNet(ops), 2, (3, 6, 6))
+    modeled = _doc(RandomNet(ops), 2, (3, 6, 6), device_model="p100")
+    assert _brief(measured) == _brief(modeled)
+    for a, b in zip(measured["layers"], modeled["layers"]):
+        assert all(a.get(k, 0) == b.get(k, 0) for k in BYTE_FIELDS), a["name"]
+        assert a["output_bytes"] == (4 * math.prod(a["shape"]) if a["shape"] else 4)
+        assert all(i < a["id"] for i in a["inputs"])
+    assert len(measured["layers"]) == 1 + len(ops) + ops.count("res") + ops.count("cat") + 2
