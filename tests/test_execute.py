@@ -99,7 +99,7 @@ def measured_peak(spec, policy, budget=None):
         ex.prepare(fresh=True)
         ex.step(batch)
     try:
-        return measure_peak(once, torch.device("cpu"), existing).peak_bytes
+        return measure_peak(once, torch.device("cpu"), existing, release=ex.release).peak_bytes
     finally:
         ex.close()
 

@@ -25,6 +25,10 @@ inputs and outputs).  The pieces that make that true:
     while copying), so copies overlap compute as in the simulator.  On CUDA:
     pinned host buffers and one copy stream per direction, with events, so
     compute waits only at the schedule's ``Wait``.
+[5] A gradient autograd hands to two inputs at once (``add`` passes it
+    through; ``cat`` returns slices of it) is copied, so that each ``G_j``
+    owns its memory as the trace's semantics count it, and accumulating
+    into one never writes into another.
 """
 
 from __future__ import annotations
@@ -114,13 +118,20 @@ class Executor:
 
         ``fresh`` allocates new gradient buffers even where they exist: a CPU
         memory window must see the buffers it will see freed (the profiler
-        records no free of memory allocated before the window opened).
+        records no free of memory allocated before the window opened), so a
+        measurement calls :meth:`release` before its window's baseline and
+        ``prepare(fresh=True)`` after it.
         """
         for p in self.p.param_list:
             if p.grad is None or fresh:
                 p.grad = torch.zeros_like(p)
         self.static_ptrs = {_ptr(t) for t in list(self.p.model.parameters())
                             + list(self.p.model.buffers()) if t.numel()}
+
+    def release(self) -> None:
+        """Drop the gradient buffers (see :meth:`prepare`)."""
+        for p in self.p.param_list:
+            p.grad = None
 
     # ------------------------------------------------------------------ step
     def step(self, batch: Any, annotate: bool = False, hook=None) -> None:
@@ -261,9 +272,15 @@ class Executor:
         grads = torch.autograd.grad([edge.out], targets, grad_outputs=[gout],
                                     allow_unused=True)
         del edge
+        taken = {_ptr(gout)}
         for j, gj in zip(ins, grads):
             if gj is None:
                 continue
+            if _ptr(gj) in taken:
+                # [5] add passes its gradient through, concat hands out slices of it:
+                # each G_j gets its own memory, as the trace's semantics say.
+                gj = gj.clone()
+            taken.add(_ptr(gj))
             key = ("G", j)
             if key in store:
                 store[key].add_(gj)
@@ -281,24 +298,26 @@ class Executor:
 
     # -------------------------------------------------------------- recompute
     def _rng_state(self):
-        state = torch.get_rng_state()
-        return (state, torch.cuda.get_rng_state(self.device)) if self.cuda else (state, None)
+        # kept as numpy bytes: bookkeeping must not show up as device memory
+        state = torch.get_rng_state().numpy().copy()
+        cuda = torch.cuda.get_rng_state(self.device).numpy().copy() if self.cuda else None
+        return state, cuda
 
     def _enter_recompute(self, i: int):
         state = self._rng_state()
         saved = self.rng.get(i)
         if saved is not None:
-            torch.set_rng_state(saved[0])
+            torch.set_rng_state(torch.from_numpy(saved[0]))
             if self.cuda:
-                torch.cuda.set_rng_state(saved[1], self.device)
+                torch.cuda.set_rng_state(torch.from_numpy(saved[1]), self.device)
         module = self.p.layers[i].module
         buffers = [b.clone() for b in module.buffers()] if module is not None else []
         return state, buffers
 
     def _leave_recompute(self, i: int, state, buffers) -> None:
-        torch.set_rng_state(state[0])
+        torch.set_rng_state(torch.from_numpy(state[0]))
         if self.cuda:
-            torch.cuda.set_rng_state(state[1], self.device)
+            torch.cuda.set_rng_state(torch.from_numpy(state[1]), self.device)
         module = self.p.layers[i].module
         if module is not None:
             with torch.no_grad():

@@ -43,9 +43,17 @@ def _alloc_events(prof) -> list[tuple[int, int]]:
     return out
 
 
-def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: int) -> PeakMemory:
-    """Run ``fn`` once and return its peak memory (see module docstring)."""
+def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: int,
+                 release: Callable[[], None] | None = None) -> PeakMemory:
+    """Run ``fn`` once and return its peak memory (see module docstring).
+
+    ``release`` runs inside the window before the marker: whatever it frees
+    (last step's gradient buffers, say) is gone before the baseline, so ``fn``
+    may allocate it afresh and have it counted.
+    """
     if device.type == "cuda":
+        if release is not None:
+            release()
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         fn()
@@ -57,6 +65,8 @@ def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: i
 
     with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
                                  profile_memory=True) as prof:
+        if release is not None:
+            release()
         mark_window()
         fn()
     events = _alloc_events(prof)

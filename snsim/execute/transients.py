@@ -62,10 +62,11 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
 
         from snsim.execute.memory import mark_window, quiet_stderr
 
-        ex.prepare(fresh=True)
         with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
                                      profile_memory=True) as prof:
+            ex.release()
             mark_window()
+            ex.prepare(fresh=True)
             ex.step(batch, annotate=True)
         peaks = per_op_levels(prof)
     out: dict[int, list[int]] = {}

@@ -162,7 +162,7 @@ def validate_case(case: Case, session: Session | None = None,
                 ex.prepare(fresh=True)
                 ex.step(batch)
 
-            peak = measure_peak(once, dev, existing)
+            peak = measure_peak(once, dev, existing, release=ex.release)
             step_ms, samples = time_ms(lambda: ex.step(batch), dev, case.warmup, case.repeats)
         finally:
             ex.close()

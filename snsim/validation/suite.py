@@ -98,9 +98,11 @@ def measure_baselines(case, outcome=None) -> list[dict[str, Any]]:
                     p.grad = torch.zeros_like(p)
                 step()
 
-            for p in program.param_list:
-                p.grad = None
-            peak = measure_peak(once, dev, existing)
+            def release() -> None:
+                for p in program.param_list:
+                    p.grad = None
+
+            peak = measure_peak(once, dev, existing, release=release)
             ms_, _ = time_ms(step, dev, case.warmup, case.repeats)
             rows.append({"model": case.model, "batch": case.batch, "method": name,
                          "measured_peak_bytes": peak.peak_bytes, "measured_step_ms": ms_})

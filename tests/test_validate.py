@@ -1,0 +1,80 @@
+"""Validation in CI: a small subset of the suite, and the command's smoke runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from snsim.cli import main  # noqa: E402
+from snsim.validation.run import Case, Session, validate_case  # noqa: E402
+
+SESSION = Session()
+
+
+@pytest.mark.parametrize("model, shape, policy, budget", [
+    ("toymodels:residual", None, "liveness", None),
+    ("toymodels:residual", None, "utp", "1.2xlb"),
+    ("toymodels:concat", None, "cost-aware", None),
+    ("gpt:layers=1,heads=2,width=64,vocab=200", (32,), "superneurons", None),
+])
+def test_predicted_peak_matches_measured(model, shape, policy, budget):
+    out = validate_case(Case(model, 4, policy, shape, budget, repeats=2, warmup=1), SESSION)
+    assert out.max_grad_abs_diff <= 1e-5
+    assert abs(out.peak_error) <= 0.10, out.to_dict()
+    assert out.measured_step_ms > 0 and out.predicted_step_ms > 0   # no timing assertion
+
+
+def test_validate_json(capsys):
+    code = main(["validate", "--model", "toymodels:concat", "--batch", "2", "--policy",
+                 "best", "--repeats", "1", "--warmup", "0", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for key in ("policy", "predicted_peak_bytes", "measured_peak_bytes", "peak_error",
+                "predicted_step_ms", "measured_step_ms", "time_error", "max_grad_abs_diff",
+                "feasible"):
+        assert key in out
+    assert out["policy"] != "best"
+
+
+def test_validate_suite_writes_report(tmp_path, capsys):
+    suite = tmp_path / "tiny.toml"
+    suite.write_text("""
+[suite]
+name = "tiny"
+repeats = 1
+warmup = 0
+baselines = true
+[tolerance]
+peak_error_median = 0.10
+peak_error_max = 0.10
+time_error_median = 10.0
+time_error_max = 10.0
+grad_abs_max = 1e-5
+[[case]]
+model = "toymodels:residual"
+batch = 2
+policies = ["liveness", "cost-aware"]
+""")
+    code = main(["validate", "--suite", str(suite), "--out", str(tmp_path / "rep")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    names = sorted(p.name for p in (tmp_path / "rep").iterdir())
+    assert names == ["report.md", "results.csv", "results.json", "scatter.png"]
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "Verdict: PASS" in report and "autograd" in report
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["validate", "--batch", "2"], "needs --model"),
+    (["validate", "--model", "nosuchmodel", "--batch", "2"], "nosuchmodel"),
+    (["validate", "--model", "toymodels:concat", "--batch", "2", "--policy", "bogus"],
+     "unknown policy 'bogus'"),
+    (["validate", "--suite", "/nonexistent.toml"], "no such suite file"),
+])
+def test_validate_errors(capsys, argv, message):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
