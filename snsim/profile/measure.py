@@ -12,6 +12,9 @@ Clocks: CPU uses ``time.perf_counter_ns`` around each call (with
 ``torch.set_num_threads(1)`` set by the caller); CUDA uses a pair of CUDA
 events around each call, synchronized before reading.
 
+Side effects: the model stays in training mode and its batch-norm running
+statistics are updated by every timed forward (as by training steps).
+
 Host link: on CUDA, pinned host->device and device->host copies over sizes
 from 1 MiB to 256 MiB (curve and the largest transfer's rate recorded); on a
 CPU there is no PCIe link, so the figure recorded is a copy into a
