@@ -60,8 +60,11 @@ class Program:
             lid = self.node_layer.get(node.name)
             if node.op == "output":
                 self._out_node = node.args[0]
-            elif lid is None and node.op != "output":
-                self._consts[node.name] = self._const(node)
+            elif lid is None:
+                # a constant; one read off a layer (``x.size(0)``) is re-evaluated
+                # when needed, like a view
+                if all(n.name in self._consts for n in node.all_input_nodes):
+                    self._consts[node.name] = self._const(node)
             elif lid not in self._producer:
                 self._producer[lid] = node
                 if node.op != "placeholder":
@@ -81,6 +84,11 @@ class Program:
             raise SnsimError("captured graph has no loss layer")
         self._loss = targets.fn  # cross entropy with the capture's fixed targets
         del captured, targets
+        self._dynamic = {name for name, lid in self.node_layer.items()
+                         if lid is None and name not in self._consts
+                         and self._by_name[name].op != "output"}
+        if self._dynamic:
+            self._read_shapes(example)
         self.param_list = [p for p in model.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------ evaluation
@@ -100,8 +108,19 @@ class Program:
         if node.name in self._consts:
             return self._consts[node.name]
         lid = self.node_layer[node.name]
-        if self._producer.get(lid) is node:
+        if lid is not None and self._producer.get(lid) is node:
             return values[lid]
+        if lid is None:  # read off a layer (x.shape[0]): the same every step; keep it
+            fn = self._fns.get(node.name) or cap._op_callable(self.gm, node)[0]
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                           lambda n: self._value(n, values))
+            with torch.no_grad():
+                value = fn(*args, **kwargs)
+            if isinstance(value, torch.Tensor):
+                raise SnsimError(f"fx node {node.name} reads tensor data of a layer without "
+                                 "being a layer; the executor cannot replay it")
+            self._consts[node.name] = value
+            return value
         # a view of layer ``lid`` (or getitem of a tuple-valued layer): re-apply it
         fn = self._fns.get(node.name)
         if fn is None:
@@ -112,6 +131,13 @@ class Program:
         if node.op == "call_function" and kwargs.get("inplace") is True:
             kwargs["inplace"] = False
         return fn(*args, **kwargs)
+
+    def _read_shapes(self, example: torch.Tensor) -> None:
+        """One forward without gradients, to keep values read off layers (shapes)."""
+        values: dict[int, Any] = {0: example}
+        with torch.no_grad():
+            for i in range(1, self.n - 1):
+                values[i] = self.run(i, values)
 
     def run(self, i: int, values: dict[int, Any]) -> Any:
         """Compute layer ``i`` from its input layers' tensors."""
