@@ -220,8 +220,12 @@ def test_times_positive_and_finite():
             assert "no PCIe link" in src["link"]["kind"]
             assert la["fwd_ms_p10"] <= la["fwd_ms"] <= la["fwd_ms_p90"]
         for la in doc["layers"]:
-            if la["kind"] == "conv":
-                assert len(la["workspace"]) == 1 and la["workspace"][0]["bytes"] == 0
+            if la["kind"] == "conv":  # DESIGN 2: the first entry carries the layer's times
+                first = la["workspace"][0]
+                assert (first["fwd_ms"], first["bwd_ms"]) == (la["fwd_ms"], la["bwd_ms"])
+                assert first["bytes"] >= 0
+                if src["kind"] == "modeled":
+                    assert la["workspace"] == [{**first, "bytes": 0}]
         assert "workspace" in src
 
 
@@ -302,6 +306,20 @@ def test_bad_inputs_one_line_and_no_file(user_module, tmp_path, kw, msg):
     assert not out.exists() and not list(tmp_path.glob(".never*"))
 
 
+def test_model_that_cannot_train_is_an_error():
+    class DoubleInplace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.a, self.b = nn.Conv2d(3, 2, 1), nn.ReLU(True), nn.ReLU(True)
+            self.fc = nn.Linear(2 * 4 * 4, 2)
+
+        def forward(self, x):
+            return self.fc(self.b(self.a(self.conv(x))).flatten(1))
+
+    with pytest.raises(SnsimError, match="the model's own training step fails"):
+        _doc(DoubleInplace(), 2, (3, 4, 4))
+
+
 def test_cuda_unavailable_is_an_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
@@ -367,14 +385,14 @@ class RandomNet(nn.Module):
         super().__init__()
         self.ops = ops
         mods, c = [], 3
-        for op in ops:
+        for k, op in enumerate(ops):
             if op in ("conv", "res", "cat"):
                 mods.append(nn.Conv2d(c, c if op == "res" else 4, 3, padding=1))
                 c = c + 4 if op == "cat" else (c if op == "res" else 4)
             elif op == "bn":
                 mods.append(nn.BatchNorm2d(c))
-            elif op == "relu":
-                mods.append(nn.ReLU(inplace=True))
+            elif op == "relu":  # relu_ after relu would clobber the output relu saved
+                mods.append(nn.ReLU(inplace=k == 0 or ops[k - 1] != "relu"))
             elif op == "pool":
                 mods.append(nn.MaxPool2d(3, 1, 1))
             else:

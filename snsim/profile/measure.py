@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from snsim.errors import SnsimError
 from snsim.profile.capture import LayerOp
 
 
@@ -123,7 +124,11 @@ def time_training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn,
         loss = loss_fn(model(example))
         torch.autograd.grad(loss, params)
 
-    m, lo, hi = _quantiles(clock.time_ms(step, warmup, repeats))
+    try:
+        m, lo, hi = _quantiles(clock.time_ms(step, warmup, repeats))
+    except RuntimeError as exc:  # e.g. an in-place op overwrote a tensor backward needs
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SnsimError(f"the model's own training step fails: {msg}") from None
     return {"step_ms": m, "step_ms_p10": lo, "step_ms_p90": hi}
 
 
