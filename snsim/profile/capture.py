@@ -46,8 +46,8 @@ Notes the code points back to:
     shapes, strides and dtypes of the arguments.  ResNet-2500's 8336 layers
     have a few dozen distinct keys; batch norm on ``meta`` runs a Python
     decomposition (~5 ms a call); this cuts ResNet-2500 at batch 32 from ~31 s
-    to ~9 s on a 2-core laptop.  Parameter
-    bytes and graph structure are never memoized.  ``MEMO = False`` disables it.
+    to ~9 s on a 2-core laptop.  Parameter bytes and graph structure are never
+    memoized.  ``MEMO = False`` disables it.
 """
 
 from __future__ import annotations
