@@ -4,11 +4,13 @@ Replays the route under the budget the way DTR's runtime would: liveness
 frees what the route no longer needs; when an allocation does not fit, the
 resident forward result (output and saved extras of one layer) with the
 smallest ``h = cost / (size x staleness)`` is evicted, and a step that needs
-an evicted tensor recomputes it on demand (``R`` steps), recursively through
-evicted or freed inputs; temporaries made only to recompute are freed right
-after.  ``cost`` is the layer's forward time plus that of its inputs that are
-not resident (a one-level stand-in for DTR's evicted neighbourhood);
-``staleness`` is the planned compute time since the tensor was last used.
+an evicted tensor recomputes it on demand (``R`` steps), through evicted or
+freed inputs back to resident ones; temporaries made only to recompute are
+freed as soon as their last consumer in the chain has run.  ``cost`` is the
+forward time to recompute the layer from resident tensors (its own plus,
+recursively, that of missing inputs: DTR's evicted neighbourhood e*, without
+its union-find approximation); ``staleness`` is the planned compute time
+since the tensor was last used.
 Gradients and the data layer's output are never evicted.  Without a budget
 tighter than the liveness peak nothing is evicted: the plan is liveness.
 """
@@ -45,6 +47,7 @@ class _DTR:
     def _victim(self):
         g, res, pins = self.g, self.resident, self.pins
         best, best_h = None, None
+        memo: dict[int, float] = {}
         for t, seen in res.items():
             if t[0] == "G" or t[1] == 0 or pins.get(t):
                 continue
@@ -58,12 +61,30 @@ class _DTR:
             size = sum(g.size(u) for u in unit)
             if size <= 0:
                 continue
-            cost = g.layers[j].fwd_ms + sum(
-                g.layers[x].fwd_ms for x in g.layers[j].inputs if ("X", x) not in res)
+            cost = self._cost(j, memo)
             h = cost / (size * (self.clock - seen + 1e-3))
             if best_h is None or h < best_h:
                 best, best_h = unit, h
         return best
+
+    def _cost(self, j: int, memo: dict) -> float:
+        # Forward time to recompute layer j from resident tensors: its own plus,
+        # recursively, that of its missing inputs (DTR's evicted neighbourhood).
+        layers, res = self.g.layers, self.resident
+        stack = [j]
+        while stack:
+            k = stack[-1]
+            if k in memo:
+                stack.pop()
+                continue
+            todo = [x for x in layers[k].inputs if ("X", x) not in res and x not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[k] = layers[k].fwd_ms + sum(memo[x] for x in dict.fromkeys(layers[k].inputs)
+                                             if ("X", x) not in res)
+        return memo[j]
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap:
@@ -83,12 +104,18 @@ class _DTR:
         self.ops.append(Free(t))
 
     def compute(self, step: Step) -> None:
+        """Run a route step, first recomputing what it needs that is missing."""
+        needs = self.g.needs(step)
+        self.pin(needs)
+        missing = [t[1] for t in needs if t not in self.resident]
+        if missing:
+            self.remat(missing)
+        self._run(step)
+        self.unpin(needs)
+
+    def _run(self, step: Step) -> None:
         g = self.g
         needs, allocs = g.needs(step), g.allocs(step)
-        self.pin(needs)
-        for t in needs:
-            if t not in self.resident:
-                self.remat(t, step)
         self.pin(allocs)
         new = [t for t in allocs if t not in self.resident]
         self.make_room(sum(g.size(t) for t in new) + g.workspace_bytes(step), step)
@@ -98,19 +125,38 @@ class _DTR:
             self.level += g.size(t)
         for t in needs + tuple(new):
             self.resident[t] = self.clock
-        self.unpin(needs)
         self.unpin(allocs)
 
-    def remat(self, t: Tensor, step: Step) -> None:
-        """Recompute layer ``t[1]``'s forward, first its missing inputs."""
-        j = t[1]
-        r = ("R", j)
-        self.compute(r)
-        # Temporaries: inputs and outputs the route no longer needs.
-        last = self.g.last_use
-        for u in self.g.needs(r) + self.g.allocs(r):
-            if u in self.resident and last.get(u, -1) < self.pos and not self.pins.get(u):
-                self.free(u)
+    def remat(self, layers: list[int]) -> None:
+        """Recompute ``layers`` and, through inputs that are not resident,
+        their ancestors, in forward order (iteratively: chains can be long).
+        Each recomputed input is pinned until its last consumer in the chain
+        has run, then freed if the route no longer needs it."""
+        g, res = self.g, self.resident
+        todo: set[int] = set()
+        stack = list(layers)
+        while stack:
+            j = stack.pop()
+            if j in todo:
+                continue
+            todo.add(j)
+            stack.extend(x for x in g.layers[j].inputs if ("X", x) not in res)
+        order = sorted(todo)
+        chain_in = [tuple(dict.fromkeys(g.layers[j].inputs)) for j in order]
+        users: dict[int, int] = {}
+        for ins in chain_in:
+            for x in ins:
+                users[x] = users.get(x, 0) + 1
+        self.pin([("X", x) for x, k in users.items() if x not in todo for _ in range(k)])
+        last = g.last_use
+        for j, ins in zip(order, chain_in):
+            self._run(("R", j))
+            self.pin([("X", j)] * users.get(j, 0))
+            for u in [("X", x) for x in ins] + [t for t in g.allocs(("R", j)) if t[0] == "S"]:
+                if u[0] == "X":
+                    self.unpin([u])
+                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos:
+                    self.free(u)
 
 
 def plan_dtr_ops(graph: Graph, capacity: int) -> tuple[list[Op], dict, str | None]:
