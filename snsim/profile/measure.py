@@ -1,12 +1,20 @@
 """Measured mode: per-layer times, a plain training step and the host link.
 
-Each layer runs in isolation on leaf copies of its recorded inputs
-(:class:`snsim.profile.capture.LayerOp`): forward timed ``repeats`` times after
-``warmup`` untimed runs; backward is ``torch.autograd.grad`` of the output with
-a fixed random ``grad_output`` with respect to the floating inputs and the
-layer's parameters, on one retained graph, timed the same way.  The layer's
-``fwd_ms``/``bwd_ms`` are the medians; ``fwd_ms_p10``/``fwd_ms_p90`` (and
-``bwd_``) record the spread.
+Layers are timed the way a training step runs them (:func:`time_layers`):
+each pass runs every layer once in execution order, each on leaf copies of
+its recorded inputs (:class:`snsim.profile.capture.LayerOp`), then every
+backward in reverse order (``torch.autograd.grad`` of the layer's output
+with a fixed random ``grad_output`` with respect to its floating inputs and
+parameters), freeing each layer's graph as it goes.  ``warmup`` passes are
+untimed, ``repeats`` are timed; the layer's ``fwd_ms``/``bwd_ms`` are the
+medians, ``*_ms_p10``/``*_ms_p90`` the spread.  A plain training step of the
+whole model runs after each pass, so both see the same machine load.
+
+Why passes, not one layer repeated: a layer repeated back to back runs with
+its tensors hot in cache; on resnet18 (batch 8, 64x64, one CPU thread) such
+isolated medians summed to 5-22% below the plain step, passes to about 7-8%
+below it.  The rest is autograd work between layers (gradient accumulation
+at forks) that belongs to no layer.
 
 Clocks: CPU uses ``time.perf_counter_ns`` around each call (with
 ``torch.set_num_threads(1)`` set by the caller); CUDA uses a pair of CUDA
@@ -23,10 +31,9 @@ preallocated host buffer, and ``source.link`` says exactly that.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -42,32 +49,25 @@ def _quantiles(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), q[0], q[-1]
 
 
-def _l2_bytes() -> int:
-    """Per-core L2 size from sysconf (2 MiB if unknown)."""
-    try:
-        n = os.sysconf("SC_LEVEL2_CACHE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        n = 0
-    return n if n and n > 0 else 2 * 2**20
-
-
 class Clock:
     """Times a callable in milliseconds on the device the work runs on."""
 
-    def __init__(self, device: torch.device, flush_bytes: int | None = None):
+    def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        # CPU: an isolated layer repeated on the same tensors runs from a hot L2, which
-        # made per-layer sums ~20% faster than the same layers inside a training step
-        # (resnet18, batch 8, 64x64).  Writing a buffer of several L2 sizes before each
-        # timed call (untimed) evicts them, as the rest of the network does.
-        self.scratch = None
-        if not self.cuda:
-            n = flush_bytes if flush_bytes is not None else 4 * _l2_bytes()
-            self.scratch = torch.empty(max(n // 4, 1), dtype=torch.float32) if n else None
 
-    def _flush(self) -> None:
-        if self.scratch is not None:
-            self.scratch.fill_(0.0)
+    def once(self, fn: Callable[..., Any], *args, **kwargs) -> tuple[float, Any]:
+        """(milliseconds, result) of one call; CUDA: events, synchronized."""
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn(*args, **kwargs)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end), result
+        t0 = time.perf_counter_ns()
+        result = fn(*args, **kwargs)
+        return (time.perf_counter_ns() - t0) / 1e6, result
 
     def time_ms(self, fn: Callable[[], object], warmup: int, repeats: int) -> list[float]:
         for _ in range(warmup):
@@ -85,15 +85,86 @@ class Clock:
                 out.append(start.elapsed_time(end))
         else:
             for _ in range(repeats):
-                self._flush()
                 t0 = time.perf_counter_ns()
                 fn()
                 out.append((time.perf_counter_ns() - t0) / 1e6)
         return out
 
 
+def _spread(prefix: str, xs: list[float]) -> dict[str, float]:
+    m, lo, hi = _quantiles(xs) if xs else (0.0, 0.0, 0.0)
+    return {prefix: m, f"{prefix}_p10": lo, f"{prefix}_p90": hi}
+
+
+def _grad_targets(out: Any, leaves: list[torch.Tensor], op: LayerOp):
+    outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt = [x for x in leaves if x.requires_grad] + list(op.params)
+    return outs, wrt
+
+
+def time_layers(ops: list[LayerOp | None], clock: Clock, warmup: int, repeats: int,
+                step: Callable[[], Any], progress: Callable[[], None] | None = None
+                ) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Per-layer times from passes over the whole network, and the plain step's times.
+
+    ``ops[i] is None`` (the data layer) gets zeros.  ``step`` runs one plain
+    training step; a ``RuntimeError`` from it becomes :class:`SnsimError`.
+    """
+    n = len(ops)
+    leaves = [op.leaves() if op is not None else [] for op in ops]
+    grads: list[list[torch.Tensor] | None] = [None] * n
+    fwd: list[list[float]] = [[] for _ in ops]
+    bwd: list[list[float]] = [[] for _ in ops]
+    steps: list[float] = []
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    for rep in range(warmup + repeats):
+        keep = rep >= warmup
+        outs: list[Any] = [None] * n
+        for i, op in enumerate(ops):
+            if op is None:
+                continue
+            ms, outs[i] = clock.once(op.fn, *leaves[i])
+            if keep:
+                fwd[i].append(ms)
+            if progress is not None:
+                progress()
+        for i in range(n - 1, -1, -1):
+            if outs[i] is None:
+                continue
+            targets, wrt = _grad_targets(outs[i], leaves[i], ops[i])
+            outs[i] = None
+            if targets and wrt:
+                if grads[i] is None:
+                    grads[i] = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device)
+                                for t in targets]
+                ms, _ = clock.once(torch.autograd.grad, targets, wrt, grads[i],
+                                   allow_unused=True)
+                if keep:
+                    bwd[i].append(ms)
+            del targets, wrt
+        try:
+            ms, _ = clock.once(step)
+        except RuntimeError as exc:  # e.g. an in-place op overwrote a tensor backward needs
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SnsimError(f"the model's own training step fails: {msg}") from None
+        if keep:
+            steps.append(ms)
+    times = [{**_spread("fwd_ms", f), **_spread("bwd_ms", b)} for f, b in zip(fwd, bwd)]
+    return times, _spread("step_ms", steps)
+
+
+def training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn) -> Callable[[], Any]:
+    """A plain forward + loss + backward of the whole model (parameter gradients)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        return torch.autograd.grad(loss_fn(model(example)), params)
+    return step
+
+
 def time_layer(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> dict[str, float]:
-    """Median and p10/p90 forward and backward times of one layer."""
+    """Median and p10/p90 times of one layer run alone, back to back (CUDA conv candidates)."""
     leaves = op.leaves()
     fwd = clock.time_ms(lambda: op.fn(*leaves), warmup, repeats)
     out = op.fn(*leaves)
@@ -113,23 +184,6 @@ def time_layer(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> dict[str
         m = lo = hi = 0.0
     res.update(bwd_ms=m, bwd_ms_p10=lo, bwd_ms_p90=hi)
     return res
-
-
-def time_training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn,
-                       clock: Clock, warmup: int, repeats: int) -> dict[str, float]:
-    """Median and p10/p90 of a plain forward + loss + backward of the whole model."""
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step():
-        loss = loss_fn(model(example))
-        torch.autograd.grad(loss, params)
-
-    try:
-        m, lo, hi = _quantiles(clock.time_ms(step, warmup, repeats))
-    except RuntimeError as exc:  # e.g. an in-place op overwrote a tensor backward needs
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise SnsimError(f"the model's own training step fails: {msg}") from None
-    return {"step_ms": m, "step_ms_p10": lo, "step_ms_p90": hi}
 
 
 def conv_workspaces(op: LayerOp, clock: Clock, warmup: int,

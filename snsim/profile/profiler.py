@@ -10,6 +10,7 @@ layer per line).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -162,9 +163,9 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
             else:
                 bar.step()
         captured = cap.capture(ms.model, example, on_node)
-        bar.phase("model" if preset else "time", len(captured.layers))
         if preset is not None:
             from snsim.profile import modeled
+            bar.phase("model", len(captured.layers))
             cache: dict = {}
             times = [_model_layer(layer, preset, modeled, bar, cache)
                      for layer in captured.layers]
@@ -172,11 +173,14 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
         else:
             from snsim.profile import measure
             clock = measure.Clock(dev)
-            times = [_time_layer(layer, dev, clock, warmup, repeats, measure, bar)
-                     for layer in captured.layers]
+            bar.phase("time", (warmup + repeats) * (len(captured.layers) - 1))
+            step_fn = measure.training_step(ms.model, example, captured.layers[-1].op.fn)
+            with _cudnn_heuristic(dev):
+                times, step = measure.time_layers([la.op for la in captured.layers], clock,
+                                                  warmup, repeats, step_fn, bar.step)
             bar.close()
-            step = measure.time_training_step(ms.model, example, captured.layers[-1].op.fn,
-                                              clock, warmup, repeats)
+            for layer, t in zip(captured.layers, times):
+                _add_workspace(layer, t, dev, clock, warmup, repeats, measure)
             link = measure.link_bandwidth(dev)
             source, dev_block = _measured_source(dev, step, link, times), _measured_device(dev, link)
     finally:
@@ -214,19 +218,33 @@ def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
     return t
 
 
-def _time_layer(layer, dev, clock, warmup, repeats, measure, bar) -> dict[str, Any]:
-    bar.step()
-    if layer.op is None:
-        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
-    if layer.kind == "conv" and dev.type == "cuda":
-        # DESIGN 2: a layer's own times are those of its first workspace entry.
-        entries, t = measure.conv_workspaces(layer.op, clock, warmup, repeats)
-        return {**t, "workspace": entries}
-    t: dict[str, Any] = measure.time_layer(layer.op, clock, warmup, repeats)
-    if layer.kind == "conv":
+@contextlib.contextmanager
+def _cudnn_heuristic(dev: torch.device):
+    """Time passes with cuDNN's heuristic algorithms (the first workspace entry)."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def _add_workspace(layer, t, dev, clock, warmup, repeats, measure) -> None:
+    """Convolution workspace entries; the first carries the layer's own times (DESIGN 2)."""
+    if layer.kind != "conv" or layer.op is None:
+        return
+    if dev.type != "cuda":
         t["workspace"] = [{"algo": "cpu-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
                            "bwd_ms": t["bwd_ms"]}]
-    return t
+        return
+    entries, first = measure.conv_workspaces(layer.op, clock, warmup, repeats)
+    # Candidates are timed alone; scale them by in-pass / alone of the first (the
+    # algorithm the passes ran), so that entry 0 equals the layer and ratios hold.
+    for key in ("fwd_ms", "bwd_ms"):
+        ratio = t[key] / first[key] if first[key] > 0 else 1.0
+        for e in entries:
+            e[key] = e[key] * ratio
+    t["workspace"] = entries
 
 
 def _r(x: float) -> float:
@@ -288,15 +306,18 @@ def _measured_source(dev, step, link, times) -> dict[str, Any]:
            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
            "threads": 1 if dev.type == "cpu" else None,
            "clock": "CUDA events" if dev.type == "cuda" else "time.perf_counter_ns",
-           "timing": "each layer alone on leaf copies of its recorded inputs; fwd_ms/bwd_ms "
-                     "are medians, *_p10/_p90 the spread; backward = torch.autograd.grad "
-                     "wrt inputs and parameters with a random grad_output",
+           "timing": "passes over the network: each layer once in execution order on leaf "
+                     "copies of its recorded inputs, then each backward in reverse "
+                     "(torch.autograd.grad wrt inputs and parameters, random grad_output); "
+                     "fwd_ms/bwd_ms are medians over the repeats, *_p10/_p90 the spread; a "
+                     "plain training step runs after each pass (step_ms)",
            **{k: round(v, 6) for k, v in step.items()},
            "layers_total_ms": round(total, 6),
            "link": {k: v for k, v in link.items()},
            "workspace": ("cuda: entries 'cudnn-heuristic' (benchmark off) and 'cudnn-benchmark' "
                          "(cudnnFind), workspace = allocator peak during the call beyond what it "
-                         "keeps" if dev.type == "cuda" else
+                         "keeps; candidates timed alone, scaled by the first's in-pass/alone "
+                         "ratio" if dev.type == "cuda" else
                          "cpu: one 'cpu-default' entry (0 bytes) per convolution; CPU kernels "
                          "expose no algorithm choices")}
     return {k: v for k, v in src.items() if v is not None}
