@@ -424,3 +424,15 @@ def test_property_random_nets_bytes_agree_and_are_exact(ops):
         assert a["output_bytes"] == (4 * math.prod(a["shape"]) if a["shape"] else 4)
         assert all(i < a["id"] for i in a["inputs"])
     assert len(measured["layers"]) == 1 + len(ops) + ops.count("res") + ops.count("cat") + 2
+
+
+def test_out_of_memory_while_timing_is_one_line():
+    from snsim.profile import measure
+
+    def oom(x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    op = cap.LayerOp(oom, [torch.zeros(2)])
+    with pytest.raises(SnsimError, match="out of device memory .* smaller --batch"):
+        measure.time_layers([None, op], measure.Clock(torch.device("cpu")), 0, 1,
+                            step=lambda: None)

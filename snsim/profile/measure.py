@@ -111,6 +111,16 @@ def time_layers(ops: list[LayerOp | None], clock: Clock, warmup: int, repeats: i
     ``ops[i] is None`` (the data layer) gets zeros.  ``step`` runs one plain
     training step; a ``RuntimeError`` from it becomes :class:`SnsimError`.
     """
+    try:
+        return _time_layers(ops, clock, warmup, repeats, step, progress)
+    except torch.OutOfMemoryError:
+        raise SnsimError("out of device memory while timing layers (measured mode keeps "
+                         "the recorded inputs of every layer beside a pass, about twice a "
+                         "training step's activations); use a smaller --batch or "
+                         "--device-model for a modeled trace") from None
+
+
+def _time_layers(ops, clock, warmup, repeats, step, progress):
     n = len(ops)
     leaves = [op.leaves() if op is not None else [] for op in ops]
     grads: list[list[torch.Tensor] | None] = [None] * n
