@@ -3,8 +3,10 @@
 1. Modeled ResNet-2500 ([6, 32, 788, 6] bottlenecks, 3x227x227) at batch 32 on
    the k40c preset: wall time of trace generation (target <= 60 s).
 2. Measured CPU profile of resnet18 at batch 8, 3x64x64 (one thread, 10
-   repeats, 3 warm-ups): overhead of the trace's summed per-layer times over
-   a plain training step (target <= 10%), and the profiler's own wall time.
+   repeats, 3 warm-ups): overhead = sum of the trace's per-layer fwd+bwd
+   medians / median plain training step - 1 (target <= 10% in magnitude: the
+   per-layer times must add up to what training costs), and the profiler's
+   own wall time in plain steps.
 
 Run: ``python benchmarks/bench_profile.py [--skip-2500]``.
 """
@@ -49,7 +51,8 @@ def bench_resnet18(batch: int = 8, image: int = 64, repeats: int = 10, warmup: i
           f"sum of per-layer fwd+bwd medians {total:.2f} ms; "
           f"overhead {100 * (total / step - 1):+.1f}% (target <= 10%)")
     print(f"  profiler wall time {wall:.2f} s = {wall * 1e3 / step:.0f} plain steps "
-          f"(it times each layer {warmup + repeats} times forward and backward)")
+          f"(capture, {warmup + repeats} timed passes over the layers each followed by a "
+          f"plain step, link test)")
     print("  link: " + json.dumps({k: src["link"][k] for k in ("kind", "h2d_bytes_per_s")}))
 
 
