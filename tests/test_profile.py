@@ -436,3 +436,43 @@ def test_out_of_memory_while_timing_is_one_line():
     with pytest.raises(SnsimError, match="out of device memory .* smaller --batch"):
         measure.time_layers([None, op], measure.Clock(torch.device("cpu")), 0, 1,
                             step=lambda: None)
+
+
+def test_cuda_code_paths_with_a_fake_cuda(monkeypatch):
+    """No GPU here: run the CUDA-only branches on CPU kernels with fake events and counters."""
+    from snsim.profile import measure
+
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self):
+            Event.clock[0] += 1.0
+            self.t = Event.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    peaks = iter(range(1000, 10**6, 1000))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: next(peaks))
+    clock = measure.Clock(torch.device("cuda"))
+    assert clock.once(lambda: 3)[1] == 3
+    conv = nn.Conv2d(3, 4, 3)
+    op = cap.LayerOp(conv, [torch.randn(2, 3, 6, 6)], list(conv.parameters()))
+    entries, first = measure.conv_workspaces(op, clock, 1, 2)
+    assert [e["algo"] for e in entries] == ["cudnn-heuristic", "cudnn-benchmark"]
+    assert all(e["bytes"] > 0 and e["bwd_bytes"] > 0 for e in entries)
+    assert first["fwd_ms"] == entries[0]["fwd_ms"] == 1.0
+    layer = cap.CapturedLayer("c", "conv", (0,), 1, 1, 0, ("inputs",), (1,), "float32", op)
+    t = {"fwd_ms": 2.0, "bwd_ms": 3.0}
+    profiler._add_workspace(layer, t, torch.device("cuda"), clock, 0, 1, measure)
+    assert (t["workspace"][0]["fwd_ms"], t["workspace"][0]["bwd_ms"]) == (2.0, 3.0)
