@@ -193,7 +193,7 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
                   fx_nodes=len(captured.graph_module.graph.nodes),
                   notes="views fold into their producer; in-place ops are profiled out of "
                         "place and marked inplace_of; the loss is cross entropy vs random "
-                        "integer targets (see snsim/profile/capture.py notes [1]-[5])")
+                        "integer targets (see snsim/profile/capture.py notes [1]-[6])")
     doc = {"schema": SCHEMA, "model": ms.name, "batch": batch,
            "dtype": "float32", "input_shape": list(ms.input_shape), "source": source,
            "device": dev_block,
