@@ -66,11 +66,12 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
                                      profile_memory=True) as prof:
             ex.release()
             mark_window()
-            ex.prepare(fresh=True)
+            with torch.profiler.record_function("snsim#-1"):  # the level ops start from
+                ex.prepare(fresh=True)
             ex.step(batch, annotate=True)
         peaks = per_op_levels(prof)
     out: dict[int, list[int]] = {}
-    level = 0  # relative to the window's start
+    level = peaks.get(-1, (0, 0))[1]  # after the gradient buffers are allocated
     allocated: set = set()
     for k, op in enumerate(schedule.ops):
         if k not in peaks:
@@ -115,8 +116,9 @@ def add_transients(doc: dict, model, example, device: torch.device) -> dict:
                 first.update(bytes=int(fwd), bwd_bytes=int(bwd))
         else:
             layer["workspace"] = [entry]
-    doc.setdefault("source", {})["workspace"] = (
-        "measured transient memory per step (snsim.execute.transients: peak inside the "
-        "step minus its level before and its own allocations, one annotated step of "
-        f"policy none on {device.type}); a layer's default workspace entry carries it")
+    src = doc.setdefault("source", {})
+    note = ("transient memory per step measured by snsim.execute.transients (peak inside "
+            "the step minus its level before and its own allocations, one annotated step "
+            f"of policy none on {device.type}); a layer's default workspace entry carries it")
+    src["workspace"] = f"{src['workspace']}; {note}" if src.get("workspace") else note
     return doc

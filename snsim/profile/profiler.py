@@ -201,6 +201,19 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
                       enumerate(zip(captured.layers, times))]}
     if ms.input_dtype != torch.float32:
         doc["input_dtype"] = str(ms.input_dtype).replace("torch.", "")
+    if preset is None:
+        # Measured mode: memory each step allocates and frees itself (oneDNN weight
+        # reorders, cuDNN workspaces, gradients materialized before they are added)
+        # becomes the step's workspace, measured by running the real executor.
+        from snsim.execute.transients import add_transients
+
+        del captured
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            add_transients(doc, ms.model, example, dev)
+        finally:
+            torch.set_num_threads(threads)
     from_dict(doc, f"<profile of {spec}>")
     return doc
 
