@@ -6,8 +6,8 @@
   the paper's batch sizes: AlexNet 128; VGG-16, ResNet-50/101/152 and
   Inception-v4 at 16 and 32; ResNet-2500 at 16 and 32.
 
-Files whose names start with ``shaped_`` belong to ``make_shaped_traces.py``
-and are left alone.  Every trace carries its provenance in ``source``.
+Every trace carries its provenance in ``source``.  (Shaped traces for
+benchmarks and tests at sizes nothing here can run come from ``snsim.synth``.)
 
 Usage: ``python scripts/make_traces.py [--only SUBSTRING] [--out-dir traces]``
 """

@@ -12,8 +12,8 @@ import pytest
 from snsim.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent
-TRACE = str(ROOT / "traces" / "shaped_resnet50.json")
-SMALL = str(ROOT / "traces" / "shaped_cnn_chain.json")
+TRACE = str(ROOT / "traces" / "k40c_resnet50_b32.json")
+SMALL = str(ROOT / "traces" / "cpu_resnet18_b8_64.json")
 
 
 def run_cli(capsys, *argv):
