@@ -19,3 +19,12 @@ class ScheduleError(SnsimError):
 
 class PolicyError(SnsimError):
     """An unknown policy or one that cannot plan for the given trace."""
+
+
+def require_torch(command: str) -> None:
+    """Raise a one-line :class:`SnsimError` if PyTorch is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SnsimError(f"{command} needs PyTorch: pip install 'snsim[torch]' "
+                         "(torch==2.13.0)") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from snsim.errors import SnsimError
+from snsim.errors import SnsimError, require_torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,14 +49,6 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
-def _import_torch() -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise SnsimError("snsim profile needs PyTorch: pip install 'snsim[torch]' "
-                         "(torch==2.13.0)") from None
-
-
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "list_device_models", False):
         from snsim.profile import devices
@@ -64,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(devices.table())
         return 0
     if getattr(args, "list_models", False):
-        _import_torch()
+        require_torch("snsim profile")
         from snsim.profile import zoo
 
         print(zoo.table())
@@ -77,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise SnsimError(f"cannot write {args.out}: folder {out_dir} does not exist")
-    _import_torch()
+    require_torch("snsim profile")
     from snsim.profile import profiler
 
     doc = profiler.profile(args.model, args.batch, shape, device=args.device,

@@ -23,7 +23,7 @@ See ``verify.py`` for the rules a schedule must follow.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from snsim.graph import Step, Tensor, step_name, tensor_name
 
@@ -43,35 +43,34 @@ class Compute:
 
 
 @dataclass(frozen=True, slots=True)
-class Free:
+class _TensorOp:
+    """An operation on one tensor; the subclass names the verb."""
+
     tensor: Tensor
+    verb: ClassVar[str] = ""
 
     def __str__(self) -> str:
-        return f"free {tensor_name(self.tensor)}"
+        return f"{self.verb} {tensor_name(self.tensor)}"
 
 
 @dataclass(frozen=True, slots=True)
-class Offload:
-    tensor: Tensor
-
-    def __str__(self) -> str:
-        return f"offload {tensor_name(self.tensor)}"
+class Free(_TensorOp):
+    verb: ClassVar[str] = "free"
 
 
 @dataclass(frozen=True, slots=True)
-class Prefetch:
-    tensor: Tensor
-
-    def __str__(self) -> str:
-        return f"prefetch {tensor_name(self.tensor)}"
+class Offload(_TensorOp):
+    verb: ClassVar[str] = "offload"
 
 
 @dataclass(frozen=True, slots=True)
-class Wait:
-    tensor: Tensor
+class Prefetch(_TensorOp):
+    verb: ClassVar[str] = "prefetch"
 
-    def __str__(self) -> str:
-        return f"wait {tensor_name(self.tensor)}"
+
+@dataclass(frozen=True, slots=True)
+class Wait(_TensorOp):
+    verb: ClassVar[str] = "wait"
 
 
 Op = Union[Compute, Free, Offload, Prefetch, Wait]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from snsim.errors import SnsimError
+from snsim.errors import SnsimError, require_torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,16 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: beside the suite file, report-<suite name>)")
 
 
-def _torch() -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise SnsimError("snsim validate needs PyTorch: pip install 'snsim[torch]' "
-                         "(torch==2.13.0)") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    _torch()
+    require_torch("snsim validate")
     if args.suite:
         from snsim.validation.suite import run_suite
 
