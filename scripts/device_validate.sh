@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Run the GPU validation suite on a machine with CUDA (the device tool's H200 image
+# has torch but not simpy/jsonschema: carry their wheels in .whl/, see below).
+#
+#   # on the development machine, once:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
+#       simpy jsonschema jsonschema-specifications referencing rpds-py attrs
+#   # then run this script there with .whl carried; the report lands in $OUT.
+set -euo pipefail
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+out="${OUT:-validate}/report-cuda"
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA here'; print(torch.cuda.get_device_name())"
+python3 -m pytest -q tests/test_execute.py tests/test_validate.py || true
+python3 -m snsim.cli validate --suite validate/cuda.toml --out "$out"
