@@ -89,10 +89,13 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
     return {i: (v[0], v[1]) for i, v in out.items()}
 
 
-def add_transients(doc: dict, model, example, device: torch.device) -> dict:
+def add_transients(doc: dict, model, example, device: torch.device,
+                   warmup: int = 0, repeats: int = 0) -> dict:
     """Give each layer of a measured trace document its transient memory.
 
-    A layer with a measured transient gets a ``workspace`` entry
+    With ``repeats``, the layers' times become the executor's own per-step
+    times (:mod:`snsim.execute.steptimes`).  A layer with a measured
+    transient gets a ``workspace`` entry
     ``{"algo": "measured", "bytes": forward, "bwd_bytes": backward}`` with its
     measured times, appended after any algorithm entries it has (so the
     layer's default, its first entry, is unchanged where cuDNN candidates
@@ -105,6 +108,11 @@ def add_transients(doc: dict, model, example, device: torch.device) -> dict:
     batch = example.detach().cpu().numpy().copy() if device.type == "cpu" \
         else example.detach().cpu().pin_memory()
     found = measure_transients(program, graph, batch, device)
+    if repeats > 0:
+        from snsim.execute.steptimes import set_step_times, time_steps
+
+        set_step_times(doc, time_steps(program, graph, batch, device, warmup, repeats),
+                       warmup, repeats, device)
     for i, (fwd, bwd) in found.items():
         layer = doc["layers"][i]
         entry = {"algo": "measured", "bytes": int(fwd), "bwd_bytes": int(bwd),

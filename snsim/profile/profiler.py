@@ -204,14 +204,15 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
     if preset is None:
         # Measured mode: memory each step allocates and frees itself (oneDNN weight
         # reorders, cuDNN workspaces, gradients materialized before they are added)
-        # becomes the step's workspace, measured by running the real executor.
+        # becomes the step's workspace, and each step's time is the time snsim's
+        # executor takes for it: both measured by running the real executor.
         from snsim.execute.transients import add_transients
 
         del captured
         if dev.type == "cpu":
             torch.set_num_threads(1)
         try:
-            add_transients(doc, ms.model, example, dev)
+            add_transients(doc, ms.model, example, dev, warmup, repeats)
         finally:
             torch.set_num_threads(threads)
     from_dict(doc, f"<profile of {spec}>")
