@@ -14,6 +14,7 @@ def scatter(df, path: str | Path, provenance: dict) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
     panels = [("predicted_peak_bytes", "measured_peak_bytes", 2**20, "peak memory (MiB)"),
@@ -27,6 +28,10 @@ def scatter(df, path: str | Path, provenance: dict) -> None:
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # 1-2-5 ticks as plain numbers
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"predicted {title}")
         ax.set_ylabel(f"measured {title}")
         ax.set_title(title)
