@@ -10,18 +10,30 @@ freed as soon as their last consumer in the chain has run.  ``cost`` is the
 forward time to recompute the layer from resident tensors (its own plus,
 recursively, that of missing inputs: DTR's evicted neighbourhood e*, without
 its union-find approximation); ``staleness`` is the planned compute time
-since the tensor was last used.
+since the tensor was last used.  Each eviction scans the ``SAMPLE`` stalest
+evictable tensors (a deterministic sample; the prototype samples too), and
+a tensor whose recomputation would re-run more than ``CHAIN`` layers is not
+a candidate.
 Gradients and the data layer's output are never evicted.  Without a budget
 tighter than the liveness peak nothing is evicted: the plan is liveness.
 """
 
 from __future__ import annotations
 
+import math
+
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies import register
 from snsim.policies import tools
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Op, Schedule
+
+
+# Candidates scanned per eviction, stalest first (DTR's prototype also searches
+# a sample rather than every resident tensor; all of them is quadratic).
+SAMPLE = 32
+# Tensors whose recomputation would re-run more layers than this are not evicted.
+CHAIN = 8
 
 
 class _DTR:
@@ -48,9 +60,13 @@ class _DTR:
         g, res, pins = self.g, self.resident, self.pins
         best, best_h = None, None
         memo: dict[int, float] = {}
-        for t, seen in res.items():
+        seen_n = 0
+        for t, seen in res.items():   # stalest first
             if t[0] == "G" or t[1] == 0 or pins.get(t):
                 continue
+            seen_n += 1
+            if seen_n > SAMPLE:
+                break
             j = t[1]
             if t[0] == "S" and ("X", j) in res:
                 continue   # saved extras go with their output (an R step remakes both)
@@ -70,13 +86,27 @@ class _DTR:
     def _cost(self, j: int, memo: dict) -> float:
         # Forward time to recompute layer j from resident tensors: its own plus,
         # recursively, that of its missing inputs (DTR's evicted neighbourhood).
+        # A neighbourhood over CHAIN layers counts as infinitely costly.
         layers, res = self.g.layers, self.resident
+        c = memo.get(j)
+        if c is not None:
+            return c
+        ins = layers[j].inputs
+        if all(("X", x) in res for x in ins):   # the common case: a one-layer recompute
+            c = memo[j] = layers[j].fwd_ms
+            return c
         stack = [j]
+        visited = 0
         while stack:
             k = stack[-1]
             if k in memo:
                 stack.pop()
                 continue
+            visited += 1
+            if visited > CHAIN:
+                for x in stack:
+                    memo[x] = math.inf
+                return math.inf
             todo = [x for x in layers[k].inputs if ("X", x) not in res and x not in memo]
             if todo:
                 stack.extend(todo)
@@ -123,8 +153,10 @@ class _DTR:
         self.clock += g.step_ms(step)
         for t in new:
             self.level += g.size(t)
+        res = self.resident
         for t in needs + tuple(new):
-            self.resident[t] = self.clock
+            res.pop(t, None)   # keep ``resident`` ordered stalest first
+            res[t] = self.clock
         self.unpin(allocs)
 
     def remat(self, layers: list[int]) -> None:
