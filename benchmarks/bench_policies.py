@@ -4,7 +4,8 @@
 1. ResNet-2500-shaped trace (``synth.resnet((6, 32, 788, 6))``, batch 32,
    about 10^4 layers) under ``superneurons`` at the device budget: wall time of
    plan + simulate (target: at most 1 s on the 2-core machine).
-2. Per network (shaped traces of the paper's networks): every policy's
+2. Per network (shaped traces of the paper's networks, then the profiler's
+   modeled K40c traces in traces/): every policy's
    smallest feasible budget over the lower bound (bisection), and iteration
    time over pure compute time at a few budgets, from 1.05x the lower bound up
    to the ``liveness`` peak; then whether ``superneurons`` is feasible at 1.05x,
@@ -24,12 +25,14 @@ import argparse
 import math
 import statistics
 import time
+from pathlib import Path
 
 from snsim import synth
 from snsim.graph import Graph
 from snsim.policies import names, plan
 from snsim.policies.base import PlanContext
 from snsim.sim import simulate
+from snsim.trace.io import load
 
 FACTORS = (1.05, 1.1, 1.25, 1.5, 2.0, 3.0)
 
@@ -71,6 +74,9 @@ def googlenet(batch: int = 32, image: int = 224):
     sb.loss(sb.fc(sb.dropout(sb.gap(x)), 1000))
     return sb.build("GoogLeNet-shaped inception net")
 
+
+SHIPPED = ["k40c_resnet50_b32", "k40c_resnet101_b32", "k40c_resnet152_b32", "k40c_vgg16_b32",
+           "k40c_inception_v4_b32", "k40c_alexnet_b128"]
 
 NETS = {
     "resnet50": lambda: synth.resnet((3, 4, 6, 3), model="resnet50"),
@@ -122,8 +128,14 @@ def bench_resnet2500(repeats: int) -> None:
           f"time/compute {r.iteration_ms / g.compute_ms:.3f}")
 
 
+def load_net(name: str):
+    if name in NETS:
+        return NETS[name]()
+    return load(Path(__file__).resolve().parent.parent / "traces" / f"{name}.json")
+
+
 def bench_net(name: str, policies: list[str]) -> None:
-    g = Graph(NETS[name]())
+    g = Graph(load_net(name))
     lb = g.lower_bound_bytes
     live = run(g, "liveness", None).peak_bytes
     top = run(g, "none", 2**50).peak_bytes
@@ -165,7 +177,8 @@ def bench_net(name: str, policies: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--nets", default=",".join(list(NETS) + SHIPPED),
+                    help="shaped networks (%s) or shipped trace names" % ", ".join(NETS))
     ap.add_argument("--skip-2500", action="store_true")
     args = ap.parse_args()
     if not args.skip_2500:

@@ -10,8 +10,8 @@ Not a policy (the registry skips a module named ``tools``).  Four pieces:
 * :func:`planned_peak` and :func:`estimate_ms`: the simulator's memory and
   time rules replayed without simpy, for planners that choose between plans
   (a policy never imports the simulator);
-* :class:`CachePlanner` (in ``cache.py`` style, kept here): the unified tensor
-  pool's LRU cache with eviction under the budget and prefetch ahead.
+* :class:`CachePlanner`: the unified tensor pool's LRU cache, with eviction
+  under the budget and prefetch ahead.
 
 Note 1 (frees and the budget).  The simulator releases a freed tensor whose
 offload is still copying when the copy ends, and an allocation that does not
@@ -313,9 +313,11 @@ class CachePlanner:
     Walks ``seq`` (route steps and recomputations) and emits ops: liveness
     frees, and for ``evictable`` tensors (the unified tensor pool's) an
     eviction when an allocation would exceed ``capacity`` (least recently used
-    first), a prefetch of evicted tensors needed up to the next ``boundary``
-    position (issued at each boundary, so copies overlap compute), and a
-    synchronous fetch of anything still missing when a step needs it.
+    first), a prefetch of evicted tensors needed up to the ``ahead``-th next
+    ``boundary`` position (issued at each boundary, so copies overlap compute;
+    only into memory that the steps before their use leave free, evicting
+    nothing needed sooner), and a synchronous fetch of anything still missing
+    when a step needs it.
 
     Modes: ``sync=False`` (paper) copies a tensor out asynchronously right
     after the step that makes it, so an eviction only frees it; only tensors
@@ -329,8 +331,9 @@ class CachePlanner:
 
     def __init__(self, graph: Graph, seq: list[Step], capacity: int, evictable,
                  boundary=None, sync: bool = False, dyn_ws: bool = False,
-                 offload_all: bool = False):
+                 offload_all: bool = False, ahead: int = 1):
         self.g, self.seq, self.cap = graph, seq, capacity
+        self.ahead = ahead
         self.evictable = evictable
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
@@ -505,10 +508,12 @@ class CachePlanner:
 
     def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
         seq, boundary, state = self.seq, self.boundary, self.state
-        q = p + 1
+        q = p
         end = len(seq)
-        while q < end and not boundary[q]:
+        for _ in range(self.ahead):
             q += 1
+            while q < end and not boundary[q]:
+                q += 1
         last = min(q, end - 1)
         want = []
         for r in range(p + 1, last + 1):

@@ -31,15 +31,16 @@ from snsim.schedule.ops import Schedule
 
 
 def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
-                     dyn_ws: bool = False, offload_all: bool = False) -> tools.CachePlanner:
+                     dyn_ws: bool = False, offload_all: bool = False,
+                     ahead: int = 1) -> tools.CachePlanner:
     """A :class:`tools.CachePlanner` over all activations, prefetching at
-    checkpoint steps (one checkpoint ahead); ``run()`` it to get the ops."""
+    checkpoint steps (``ahead`` checkpoints ahead); ``run()`` it to get the ops."""
     ckpt = tools.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
     return tools.CachePlanner(graph, seq, capacity,
                               evictable=lambda t: True,
                               boundary=boundary, sync=release, dyn_ws=dyn_ws,
-                              offload_all=offload_all)
+                              offload_all=offload_all, ahead=ahead)
 
 
 @register("utp", "liveness + LRU tensor cache of checkpoint outputs, offload/prefetch",
