@@ -1,0 +1,252 @@
+"""The unified tensor pool's LRU cache, planned ahead under a budget.
+
+Private helper of the policies (the registry skips modules starting with
+``_``); use it as :class:`snsim.policies.tools.CachePlanner`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import OrderedDict
+
+from snsim.graph import Graph, Step, Tensor
+from snsim.policies.tools import _Sizes, shortfall, use_positions
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+
+_RES, _HOST, _IN = 1, 2, 3
+
+
+class CachePlanner:
+    """Plan a step sequence with an LRU tensor cache under a memory budget.
+
+    Walks ``seq`` (route steps and recomputations) and emits ops: liveness
+    frees, and for ``evictable`` tensors (the unified tensor pool's) an
+    eviction when an allocation would exceed ``capacity`` (least recently used
+    first), a prefetch of evicted tensors needed up to the ``ahead``-th next
+    ``boundary`` position (issued at each boundary, so copies overlap compute;
+    only into memory that the steps before their use leave free, evicting
+    nothing needed sooner), and a synchronous fetch of anything still missing
+    when a step needs it.
+
+    Modes: ``sync=False`` (paper) copies a tensor out asynchronously right
+    after the step that makes it, so an eviction only frees it; only tensors
+    the plan evicts get that copy, as the whole route is known when planning
+    (``offload_all=True`` copies every evictable tensor, like the paper's
+    runtime).  ``sync=True`` (release) copies out at eviction time and waits
+    for it, and brings tensors back on demand only (no prefetch).
+    ``dyn_ws`` picks, for each step with workspace choices, the fastest
+    algorithm whose workspace fits the memory then free, else the smallest.
+    """
+
+    def __init__(self, graph: Graph, seq: list[Step], capacity: int, evictable,
+                 boundary=None, sync: bool = False, dyn_ws: bool = False,
+                 offload_all: bool = False, ahead: int = 1):
+        self.g, self.seq, self.cap = graph, seq, capacity
+        self.ahead = ahead
+        self.evictable = evictable
+        self.boundary = boundary if boundary is not None and not sync else None
+        self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
+        self.uses, self.frees = use_positions(graph, seq)
+        self.sz = _Sizes(graph)
+        self.level = graph.trace.static_bytes
+        self.state: dict[Tensor, int] = {}
+        self.lru: OrderedDict = OrderedDict()   # evictable resident tensors
+        self.ops: list[Op] = []
+        self.evicted: set = set()
+        self.made_at: dict = {}   # tensor -> op index right after the step that made it
+        self.copies: set = set()  # (that index, tensor) of the instances evicted
+        self.reason: str | None = None
+        self.n_evict = self.hits = self.misses = self.prefetched = 0
+        self.bytes_in = 0
+        self.n_landed = 0
+        # Per position: what the step allocates plus its smallest workspace
+        # (prefetches ahead leave room for the steps before their use).
+        ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
+        sz, allocs = self.sz, graph._allocs
+        layers = graph.layers
+        self.step_need = [sum([sz[t] for t in allocs[st]])
+                          + (ws(st) if layers[st[1]].workspace else 0) for st in seq]
+
+    # ---- memory
+    def _next_use(self, t: Tensor, p: int) -> int:
+        u = self.uses[t]
+        k = bisect_right(u, p)
+        return u[k] if k < len(u) else 1 << 60
+
+    def _make_room(self, need: int, pinned, p: int, until: int | None = None) -> bool:
+        """Evict LRU tensors until ``need`` more bytes fit.  With ``until``,
+        only tensors not needed before that position (for prefetches)."""
+        if self.level + need <= self.cap:
+            return True
+        size = self.sz.__getitem__
+        victims = []
+        free = self.cap - self.level
+        for t in self.lru:
+            if t in pinned or (until is not None and self._next_use(t, p) <= until):
+                continue
+            victims.append(t)
+            free += size(t)
+            if free >= need:
+                break
+        if free < need:
+            if until is not None:
+                return False
+            # A step must run: evict what we can, then land and evict prefetches
+            # that are still copying (a stall, but the step fits), else overshoot.
+            for t in victims:
+                self._evict(t)
+            for t in [t for t, s in self.state.items() if s == _IN and t not in pinned]:
+                if self.level + need <= self.cap:
+                    return True
+                self.ops.append(Wait(t))
+                self.state[t] = _RES
+                self.lru[t] = None
+                self._evict(t)
+                self.n_landed += 1
+            return self.level + need <= self.cap
+        for t in victims:
+            self._evict(t)
+        return True
+
+    def _evict(self, t: Tensor) -> None:
+        del self.lru[t]
+        self.state[t] = _HOST
+        copy = (self.made_at[t], t)   # this instance of t
+        if self.sync and copy not in self.copies:
+            self.ops.append(Offload(t))
+            self.ops.append(Wait(t))
+        self.copies.add(copy)
+        self.evicted.add(t)
+        self.ops.append(Free(t))
+        self.level -= self.sz[t]
+        self.n_evict += 1
+
+    def _fetch(self, t: Tensor) -> None:
+        self.ops.append(Prefetch(t))
+        self.state[t] = _IN
+        self.level += self.sz[t]
+        self.bytes_in += self.sz[t]
+
+    # ---- walk
+    def run(self) -> list[Op]:
+        g, sz, state, lru, ops = self.g, self.sz, self.state, self.lru, self.ops
+        needs_of, allocs_of = g._needs, g._allocs
+        ws_of = g.min_workspace_bytes if self.dyn_ws else g.workspace_bytes
+        layers, boundary, frees = g.layers, self.boundary, self.frees
+        made_at = self.made_at
+        made: list = []      # (op index right after the step, tensor) for offload_all
+        for p, step in enumerate(self.seq):
+            needs = needs_of[step]
+            allocs = allocs_of[step]
+            pinned = needs + allocs
+            # 1. what this step needs: resident (hit), inbound (prefetched) or on host
+            for t in needs:
+                s = state[t]
+                if s == _RES:
+                    if t in lru:
+                        self.hits += 1
+                        lru.move_to_end(t)
+                    continue
+                if s == _HOST:
+                    self.misses += 1
+                    if not self._make_room(sz[t], pinned, p):
+                        self._fail(step, sz[t])
+                    self._fetch(t)
+                else:
+                    self.prefetched += 1
+                ops.append(Wait(t))
+                state[t] = _RES
+                lru[t] = None
+            # 2. room for what it allocates, with its smallest workspace
+            new = [t for t in allocs if state.get(t) != _RES]
+            nb = 0
+            for t in new:
+                nb += sz[t]
+            ws = layers[step[1]].workspace
+            need = nb + (ws_of(step) if ws else 0)
+            if self.level + need > self.cap and not self._make_room(need, pinned, p):
+                self._fail(step, need)
+            # 3. prefetch ahead, leaving room for this step
+            if boundary is not None and boundary[p]:
+                self._prefetch_window(p, need, pinned)
+            # 4. the step, with its workspace algorithm
+            algo = self._algo(step, nb) if ws and self.dyn_ws else 0
+            ops.append(Compute(step[0], step[1], algo))
+            k = len(ops)
+            for t in new:
+                state[t] = _RES
+                self.level += sz[t]
+                if self.evictable(t):
+                    lru[t] = None
+                    made_at[t] = k
+                    made.append((k, t))
+            # 5. liveness
+            for t in frees[p]:
+                if state.pop(t, None) == _RES:
+                    ops.append(Free(t))
+                    self.level -= sz[t]
+                    lru.pop(t, None)
+        if not self.sync:   # paper mode: copy out right after the step that made it
+            at: dict[int, list] = {}
+            for k, t in (made if self.offload_all else sorted(self.copies)):
+                at.setdefault(k, []).append(Offload(t))
+            out: list[Op] = []
+            for k, op in enumerate(ops):
+                if k in at:
+                    out.extend(at[k])
+                out.append(op)
+            if len(ops) in at:
+                out.extend(at[len(ops)])
+            self.ops = out
+        return self.ops
+
+    def _algo(self, step: Step, nb: int) -> int:
+        layer = self.g.layers[step[1]]
+        free = self.cap - self.level - nb
+        bwd = step[0] == "B"
+        best, best_ms, small, small_b = None, math.inf, 0, math.inf
+        for k, w in enumerate(layer.workspace):
+            b = w.backward_bytes if bwd else w.bytes
+            # entry 0's times are the layer's own (DESIGN section 2)
+            ms = (w.bwd_ms if bwd else w.fwd_ms) if k else (layer.bwd_ms if bwd else layer.fwd_ms)
+            if b <= free and ms < best_ms:
+                best, best_ms = k, ms
+            if b < small_b:
+                small, small_b = k, b
+        return small if best is None else best
+
+    def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
+        seq, boundary, state = self.seq, self.boundary, self.state
+        q = p
+        end = len(seq)
+        for _ in range(self.ahead):
+            q += 1
+            while q < end and not boundary[q]:
+                q += 1
+        last = min(q, end - 1)
+        want = []
+        for r in range(p + 1, last + 1):
+            for t in self.g.needs(seq[r]):
+                if state.get(t) == _HOST and t not in want:
+                    want.append(t)
+        if want:
+            reserve = max([reserve] + self.step_need[p + 1:last + 1])
+        for t in want:
+            if not self._make_room(reserve + self.sz[t], pinned, p, until=last):
+                break
+            self._fetch(t)
+
+    def _fail(self, step: Step, need: int) -> None:
+        if self.reason is None:
+            short = self.level + need - self.cap
+            self.reason = "after evicting every evictable tensor, " + shortfall(
+                self.g, step, short, self.cap)
+
+    def stats(self) -> dict:
+        size = self.g.size
+        off = [op.tensor for op in self.ops if type(op) is Offload]
+        return {"offloaded_bytes": sum(size(t) for t in off), "offloaded_tensors": len(off),
+                "prefetched_bytes": self.bytes_in, "evictions": self.n_evict,
+                "cache_hits": self.hits, "cache_misses": self.misses,
+                "prefetch_hits": self.prefetched, "prefetches_landed_early": self.n_landed}
