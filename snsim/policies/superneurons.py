@@ -3,16 +3,16 @@
 
 The pieces are the other modules' (:mod:`.recompute`, :mod:`.utp`) joined on
 one step sequence: forward, then backward with recomputed segments inserted;
-checkpoint outputs live in the LRU tensor cache (evicted under the budget,
-prefetched one checkpoint ahead, paper mode), everything else follows
-liveness, and each step with workspace choices takes the fastest algorithm
-whose workspace fits the memory free at that step, else the smallest
-(functional tensors first: a workspace never evicts a tensor).
+activations live in the LRU tensor cache (evicted under the budget, copied out
+asynchronously and prefetched ahead at checkpoint steps, paper mode) and are
+freed after their last use (liveness); each step with workspace choices takes
+the fastest algorithm whose workspace fits the memory free at that step, else
+the smallest (functional tensors first: a workspace never evicts a tensor).
 
 Note 3 (how much recomputation).  The paper's runtime recomputes every
 non-checkpoint layer whatever the memory; it then cannot reach its own
 "leading speed" when memory is plentiful.  This planner knows the budget and
-the route, so it plans three candidates and keeps the fastest that fits
+the route, so it plans candidates and keeps the fastest that fits
 (estimated with :func:`tools.estimate_ms`, the simulator's rules): no
 recomputation (the cache alone) and cost-aware recomputation; only if neither
 fits, all segments memory-centric (least memory; on the benchmark networks it
