@@ -109,29 +109,29 @@ def smallest_budget(g: Graph, policy: str, hi: int, steps: int = 14) -> float | 
 
 
 def bench_resnet2500(repeats: int) -> None:
-    g = Graph(synth.resnet((6, 32, 788, 6)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        s = plan("superneurons", PlanContext(g))
-        t1 = time.perf_counter()
-        r = simulate(g, s, record=False)
-        t2 = time.perf_counter()
-        times.append((t1 - t0, t2 - t1))
-    tp = statistics.median(t for t, _ in times)
-    ts = statistics.median(t for _, t in times)
-    print(f"ResNet-2500-shaped [6,32,788,6], batch 32: {g.n} layers, {len(s.ops)} ops, "
-          f"budget = device {g.trace.device.memory_bytes / 2**30:.0f} GiB")
-    print(f"  superneurons plan {tp:.3f} s + simulate {ts:.3f} s = {tp + ts:.3f} s "
-          f"(target <= 1 s); feasible={r.feasible}, plan={s.stats.get('plan')}, "
-          f"peak/LB {r.peak_bytes / g.lower_bound_bytes:.3f}, "
-          f"time/compute {r.iteration_ms / g.compute_ms:.3f}")
-
-
-def load_net(name: str):
-    if name in NETS:
-        return NETS[name]()
-    return load(Path(__file__).resolve().parent.parent / "traces" / f"{name}.json")
+    cases = [("ResNet-2500-shaped [6,32,788,6], batch 32", synth.resnet((6, 32, 788, 6)))]
+    for name in ("k40c_resnet2500_b32", "k40c_resnet2500_b16"):
+        path = Path(__file__).resolve().parent.parent / "traces" / f"{name}.json"
+        if path.exists():
+            cases.append((f"shipped {name}", load(path)))
+    for label, trace in cases:
+        g = Graph(trace)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            s = plan("superneurons", PlanContext(g))
+            t1 = time.perf_counter()
+            r = simulate(g, s, record=False)
+            t2 = time.perf_counter()
+            times.append((t1 - t0, t2 - t1))
+        tp = statistics.median(t for t, _ in times)
+        ts = statistics.median(t for _, t in times)
+        print(f"{label}: {g.n} layers, {len(s.ops)} ops, budget = device "
+              f"{g.trace.device.memory_bytes / 2**30:.0f} GiB")
+        print(f"  superneurons plan {tp:.3f} s + simulate {ts:.3f} s = {tp + ts:.3f} s "
+              f"(target <= 1 s); feasible={r.feasible}, plan={s.stats.get('plan')}, "
+              f"peak/LB {r.peak_bytes / g.lower_bound_bytes:.3f}, "
+              f"time/compute {r.iteration_ms / g.compute_ms:.3f}")
 
 
 def bench_net(name: str, policies: list[str]) -> None:

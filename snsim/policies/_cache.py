@@ -6,6 +6,7 @@ Private helper of the policies (the registry skips modules starting with
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_right
 from collections import OrderedDict
@@ -60,13 +61,24 @@ class CachePlanner:
         self.n_evict = self.hits = self.misses = self.prefetched = 0
         self.bytes_in = 0
         self.n_landed = 0
+        self.pos = 0
+        self.host_heap: list = []   # (next use, tensor) of evicted tensors
+        # next_b[p]: the next boundary position after p (the last position if none)
+        end = len(seq) - 1
+        self.next_b = [end] * len(seq)
+        nxt = end
+        for q in range(len(seq) - 1, -1, -1):
+            self.next_b[q] = nxt
+            if self.boundary is not None and self.boundary[q]:
+                nxt = q
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use).
         ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
         sz, allocs = self.sz, graph._allocs
         layers = graph.layers
-        self.step_need = [sum([sz[t] for t in allocs[st]])
-                          + (ws(st) if layers[st[1]].workspace else 0) for st in seq]
+        self.ws_need = [ws(st) if layers[st[1]].workspace else 0 for st in seq]
+        self.step_need = [sum([sz[t] for t in allocs[st]]) + w
+                          for st, w in zip(seq, self.ws_need)]
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -118,6 +130,7 @@ class CachePlanner:
             self.ops.append(Wait(t))
         self.copies.add(copy)
         self.evicted.add(t)
+        heapq.heappush(self.host_heap, (self._next_use(t, self.pos), t))
         self.ops.append(Free(t))
         self.level -= self.sz[t]
         self.n_evict += 1
@@ -132,11 +145,12 @@ class CachePlanner:
     def run(self) -> list[Op]:
         g, sz, state, lru, ops = self.g, self.sz, self.state, self.lru, self.ops
         needs_of, allocs_of = g._needs, g._allocs
-        ws_of = g.min_workspace_bytes if self.dyn_ws else g.workspace_bytes
+        ws_need = self.ws_need
         layers, boundary, frees = g.layers, self.boundary, self.frees
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         for p, step in enumerate(self.seq):
+            self.pos = p
             needs = needs_of[step]
             allocs = allocs_of[step]
             pinned = needs + allocs
@@ -164,7 +178,7 @@ class CachePlanner:
             for t in new:
                 nb += sz[t]
             ws = layers[step[1]].workspace
-            need = nb + (ws_of(step) if ws else 0)
+            need = nb + ws_need[p]
             if self.level + need > self.cap and not self._make_room(need, pinned, p):
                 self._fail(step, need)
             # 3. prefetch ahead, leaving room for this step
@@ -217,23 +231,24 @@ class CachePlanner:
         return small if best is None else best
 
     def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
-        seq, boundary, state = self.seq, self.boundary, self.state
-        q = p
-        end = len(seq)
+        last = p
         for _ in range(self.ahead):
-            q += 1
-            while q < end and not boundary[q]:
-                q += 1
-        last = min(q, end - 1)
-        want = []
-        for r in range(p + 1, last + 1):
-            for t in self.g.needs(seq[r]):
-                if state.get(t) == _HOST and t not in want:
-                    want.append(t)
-        if want:
-            reserve = max([reserve] + self.step_need[p + 1:last + 1])
-        for t in want:
+            last = self.next_b[last]
+        heap, state = self.host_heap, self.state
+        want, seen = [], set()
+        while heap and heap[0][0] <= last:
+            u, t = heapq.heappop(heap)
+            # stale entries: fetched since, freed, or evicted again later
+            if state.get(t) == _HOST and t not in seen and u == self._next_use(t, p):
+                want.append((u, t))
+                seen.add(t)
+        if not want:
+            return
+        reserve = max([reserve] + self.step_need[p + 1:last + 1])
+        for k, (u, t) in enumerate(want):   # soonest needed first
             if not self._make_room(reserve + self.sz[t], pinned, p, until=last):
+                for entry in want[k:]:
+                    heapq.heappush(heap, entry)
                 break
             self._fetch(t)
 

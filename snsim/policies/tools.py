@@ -24,6 +24,7 @@ the copies under way have ended (the wait is a stall, not a failure).
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
 import math
 
 from snsim.graph import Graph, Step, Tensor, step_name
@@ -143,20 +144,20 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
     tensors whose current instance is last used there: a tensor that is
     allocated again later is freed after its last use before that).
     """
-    needs, allocs = graph._needs.__getitem__, graph._allocs.__getitem__
-    uses: dict[Tensor, list[int]] = {}
+    needs, allocs = graph._needs, graph._allocs
+    uses: dict[Tensor, list[int]] = defaultdict(list)
     last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
     for p, step in enumerate(seq):
-        for t in needs(step):
+        for t in needs[step]:
             last[t] = p
-            uses.setdefault(t, []).append(p)
-        for t in allocs(step):
+            uses[t].append(p)
+        for t in allocs[step]:
             q = last.get(t)
             if q is not None and q != p:
                 frees[q].append(t)
             last[t] = p
-            uses.setdefault(t, []).append(p)
+            uses[t].append(p)
     for t, q in last.items():
         frees[q].append(t)
     return uses, frees
