@@ -86,3 +86,24 @@ def test_planner_replay_matches_simulator(seed, n, frac):
             assert math.isclose(est, r.iteration_ms, rel_tol=1e-9, abs_tol=1e-9), p
             if r.d2h_bytes == 0:
                 assert tools.planned_peak(g, s.ops)[0] == r.peak_bytes, p
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 24), frac=st.floats(0.0, 1.0))
+def test_utp_release_mode(seed, n, frac):
+    """The release's synchronous cache: valid, within the budget, never
+    prefetching ahead (every prefetch is waited for at once)."""
+    from snsim.policies.utp import plan_utp
+    from snsim.schedule.ops import Prefetch, Wait
+
+    g = Graph(synth.random_dag(seed, n))
+    lb = g.lower_bound_bytes
+    top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+    budget = lb + int(frac * (top - lb))
+    s = plan_utp(PlanContext(g, budget), release=True)
+    verify(g, s)
+    r = simulate(g, s, budget, record=False)
+    assert r.feasible and r.peak_bytes <= budget, r.reason
+    for k, op in enumerate(s.ops):
+        if type(op) is Prefetch:
+            assert s.ops[k + 1] == Wait(op.tensor)
