@@ -134,6 +134,12 @@ def bench_resnet2500(repeats: int) -> None:
               f"time/compute {r.iteration_ms / g.compute_ms:.3f}")
 
 
+def load_net(name: str):
+    if name in NETS:
+        return NETS[name]()
+    return load(Path(__file__).resolve().parent.parent / "traces" / f"{name}.json")
+
+
 def bench_net(name: str, policies: list[str]) -> None:
     g = Graph(load_net(name))
     lb = g.lower_bound_bytes
