@@ -36,15 +36,18 @@ class CachePlanner:
     (``offload_all=True`` copies every evictable tensor, like the paper's
     runtime).  ``sync=True`` (release) copies out at eviction time and waits
     for it, and brings tensors back on demand only (no prefetch).
+    ``prefer`` (a predicate) makes eviction take the least recently used
+    preferred tensors first, and others only when those are not enough.
     ``dyn_ws`` picks, for each step with workspace choices, the fastest
     algorithm whose workspace fits the memory then free, else the smallest.
     """
 
     def __init__(self, graph: Graph, seq: list[Step], capacity: int, evictable,
                  boundary=None, sync: bool = False, dyn_ws: bool = False,
-                 offload_all: bool = False, ahead: int = 1):
+                 offload_all: bool = False, ahead: int = 1, prefer=None):
         self.g, self.seq, self.cap = graph, seq, capacity
         self.ahead = ahead
+        self.prefer = prefer
         self.evictable = evictable
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
@@ -52,7 +55,11 @@ class CachePlanner:
         self.sz = _Sizes(graph)
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
-        self.lru: OrderedDict = OrderedDict()   # evictable resident tensors
+        # Evictable resident tensors, least recently used first: preferred
+        # victims, then the others.
+        self.lru_p: OrderedDict = OrderedDict()
+        self.lru_o: OrderedDict = OrderedDict()
+        self.home: dict = {}   # evictable tensor -> the LRU list it belongs to
         self.ops: list[Op] = []
         self.evicted: set = set()
         self.made_at: dict = {}   # tensor -> op index right after the step that made it
@@ -94,11 +101,14 @@ class CachePlanner:
         size = self.sz.__getitem__
         victims = []
         free = self.cap - self.level
-        for t in self.lru:
-            if t in pinned or (until is not None and self._next_use(t, p) <= until):
-                continue
-            victims.append(t)
-            free += size(t)
+        for lru in (self.lru_p, self.lru_o):
+            for t in lru:
+                if t in pinned or (until is not None and self._next_use(t, p) <= until):
+                    continue
+                victims.append(t)
+                free += size(t)
+                if free >= need:
+                    break
             if free >= need:
                 break
         if free < need:
@@ -113,7 +123,7 @@ class CachePlanner:
                     return True
                 self.ops.append(Wait(t))
                 self.state[t] = _RES
-                self.lru[t] = None
+                self.home[t][t] = None
                 self._evict(t)
                 self.n_landed += 1
             return self.level + need <= self.cap
@@ -122,7 +132,7 @@ class CachePlanner:
         return True
 
     def _evict(self, t: Tensor) -> None:
-        del self.lru[t]
+        del self.home[t][t]
         self.state[t] = _HOST
         copy = (self.made_at[t], t)   # this instance of t
         if self.sync and copy not in self.copies:
@@ -143,7 +153,8 @@ class CachePlanner:
 
     # ---- walk
     def run(self) -> list[Op]:
-        g, sz, state, lru, ops = self.g, self.sz, self.state, self.lru, self.ops
+        g, sz, state, home, ops = self.g, self.sz, self.state, self.home, self.ops
+        prefer, lru_p, lru_o = self.prefer, self.lru_p, self.lru_o
         needs_of, allocs_of = g._needs, g._allocs
         ws_need = self.ws_need
         layers, boundary, frees = g.layers, self.boundary, self.frees
@@ -158,9 +169,10 @@ class CachePlanner:
             for t in needs:
                 s = state[t]
                 if s == _RES:
-                    if t in lru:
+                    d = home.get(t)
+                    if d is not None and t in d:
                         self.hits += 1
-                        lru.move_to_end(t)
+                        d.move_to_end(t)
                     continue
                 if s == _HOST:
                     self.misses += 1
@@ -171,7 +183,7 @@ class CachePlanner:
                     self.prefetched += 1
                 ops.append(Wait(t))
                 state[t] = _RES
-                lru[t] = None
+                home[t][t] = None
             # 2. room for what it allocates, with its smallest workspace
             new = [t for t in allocs if state.get(t) != _RES]
             nb = 0
@@ -192,7 +204,10 @@ class CachePlanner:
                 state[t] = _RES
                 self.level += sz[t]
                 if self.evictable(t):
-                    lru[t] = None
+                    d = home.get(t)
+                    if d is None:
+                        d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
+                    d[t] = None
                     made_at[t] = k
                     made.append((k, t))
             # 5. liveness
@@ -200,7 +215,9 @@ class CachePlanner:
                 if state.pop(t, None) == _RES:
                     ops.append(Free(t))
                     self.level -= sz[t]
-                    lru.pop(t, None)
+                    d = home.get(t)
+                    if d is not None:
+                        d.pop(t, None)
         if not self.sync:   # paper mode: copy out right after the step that made it
             at: dict[int, list] = {}
             for k, t in (made if self.offload_all else sorted(self.copies)):
