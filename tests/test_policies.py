@@ -208,6 +208,18 @@ def test_utp_chain_a_evicts_lru_and_prefetches_ahead():
     assert moves(s2) == [] and r2.peak_bytes == 610
 
 
+def test_utp_offload_all_copies_every_checkpoint_output():
+    g = chain_a(SLOW)
+    s = plan_utp(PlanContext(g, 600), offload_all=True)
+    verify(g, s)
+    # checkpoints data0, conv1, conv3, loss5 go out after their forward; only
+    # X0 is evicted and comes back.
+    assert moves(s) == ["offload X0", "offload X1", "offload X3", "offload X5",
+                        "free X0", "prefetch X0", "wait X0"]
+    r = simulate(g, s, 600)
+    assert r.d2h_bytes == 34 and r.feasible
+
+
 def test_utp_release_mode_is_synchronous():
     g = chain_a(SLOW)
     s = plan_utp(PlanContext(g, 600), release=True)

@@ -34,7 +34,8 @@ class CachePlanner:
     after the step that makes it, so an eviction only frees it; only tensors
     the plan evicts get that copy, as the whole route is known when planning
     (``offload_all=True`` copies every evictable tensor, like the paper's
-    runtime).  ``sync=True`` (release) copies out at eviction time and waits
+    runtime; with ``prefer``, every preferred tensor plus whatever else is
+    evicted).  ``sync=True`` (release) copies out at eviction time and waits
     for it, and brings tensors back on demand only (no prefetch).
     ``prefer`` (a predicate) makes eviction take the least recently used
     preferred tensors first, and others only when those are not enough.
@@ -220,7 +221,10 @@ class CachePlanner:
                         d.pop(t, None)
         if not self.sync:   # paper mode: copy out right after the step that made it
             at: dict[int, list] = {}
-            for k, t in (made if self.offload_all else sorted(self.copies)):
+            copies = set(self.copies)
+            if self.offload_all:   # every preferred tensor (checkpoint outputs)
+                copies.update((k, t) for k, t in made if prefer is None or prefer(t))
+            for k, t in sorted(copies):
                 at.setdefault(k, []).append(Offload(t))
             out: list[Op] = []
             for k, op in enumerate(ops):

@@ -17,7 +17,7 @@ Paper versus release (SUPERNEURONS.md).  The paper copies tensors to the host
 asynchronously right after the step that makes them and prefetches in
 backward; that is the default.  The planner sees the whole route, so it copies
 out only the tensors its cache will evict (``offload_all=True`` copies every
-activation, as a runtime that cannot see ahead must).  The release instead
+checkpoint output, as the paper's runtime, which cannot see ahead, does).  The release instead
 copies a tensor out synchronously when an allocation fails, waits for it, and
 brings it back synchronously on demand, with no prefetch:
 ``plan_utp(ctx, release=True)`` (not a registered name: the policy names are
