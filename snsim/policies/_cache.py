@@ -195,7 +195,7 @@ class CachePlanner:
             if self.level + need > self.cap and not self._make_room(need, pinned, p):
                 self._fail(step, need)
             # 3. prefetch ahead, leaving room for this step
-            if boundary is not None and boundary[p]:
+            if boundary is not None and boundary[p] and self.host_heap:
                 self._prefetch_window(p, need, pinned)
             # 4. the step, with its workspace algorithm
             algo = self._algo(step, nb) if ws and self.dyn_ws else 0
