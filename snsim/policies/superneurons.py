@@ -33,6 +33,7 @@ ResNet-50 trace at 3x the lower bound this takes time/compute from 1.187 to
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from snsim.graph import Graph
 from snsim.policies import register
@@ -45,6 +46,14 @@ from snsim.schedule.ops import Schedule
 CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
 # Prefetch distance in checkpoint steps (note 4).
 AHEAD = 4
+
+
+class _Plan(NamedTuple):
+    ms: float            # estimated iteration time (inf: does not fit)
+    kind: str
+    ops: list
+    stats: dict
+    reason: str | None
 
 
 def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
@@ -65,19 +74,19 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     cap = ctx.capacity_bytes
     keep = tools.checkpoints(g)
-    best = None
+    best: _Plan | None = None
     for kind in CANDIDATES:
-        if kind == "memory-centric" and best[4] is None:
+        if kind == "memory-centric" and best.reason is None:
             break   # only when nothing fits: it never ran faster than cost-aware (note 3)
         ops, stats, reason = candidate(g, cap, kind, keep)
         if reason is None and kind == "cache-only" and stats["evictions"] == 0:
-            best = (0.0, kind, ops, stats, None)
+            best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
             break
         ms = math.inf if reason else tools.estimate_ms(g, ops, cap)
-        if best is None or ms < best[0] or (best[4] and not reason):
-            best = (ms, kind, ops, stats, reason)
-    ms, kind, ops, stats, reason = best
-    stats = {"plan": kind, **stats}
-    if ms and ms < math.inf:
-        stats["estimated_ms"] = round(ms, 6)
+        if best is None or ms < best.ms:   # the first infeasible one if none fits
+            best = _Plan(ms, kind, ops, stats, reason)
+    stats = {"plan": best.kind, **best.stats}
+    if 0 < best.ms < math.inf:
+        stats["estimated_ms"] = round(best.ms, 6)
+    ops, reason = best.ops, best.reason
     return tools.finish("superneurons", g, ops, ctx.budget_bytes, stats, reason)
