@@ -312,3 +312,18 @@ def test_dynamic_policies_respect_budget(policy):
 def test_all_policies_registered():
     assert {"vdnn-all", "vdnn-conv", "utp", "recompute-speed", "recompute-memory",
             "cost-aware", "sqrt-n", "superneurons", "dtr"} <= set(names())
+
+
+def test_long_runs_of_dropped_layers_do_not_recurse():
+    """A 1,200-layer run of activations (longer than Python's recursion
+    limit) is recomputed, and evicted under a budget, without recursion."""
+    n = 1200
+    layers = [L(0, "data", [], 100), L(1, "conv", [0], 100, 10, 1.0, 2.0, ["inputs"])]
+    layers += [L(i, "act", [i - 1], 100, 0, 0.1, 0.1, ["output"]) for i in range(2, n - 1)]
+    layers.append(L(n - 1, "loss", [n - 2], 4, 0, 0.1, 0.1, ["inputs"]))
+    g = make(layers)
+    s, r = run(g, "recompute-speed")
+    assert s.stats["recomputed_layers"] == n - 3 and r.feasible
+    for p in ("sqrt-n", "dtr", "utp"):
+        s, r = run(g, p, g.lower_bound_bytes + 1000)
+        assert r.feasible or s.infeasible_reason or r.reason, p

@@ -118,13 +118,19 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     back = graph.route[n:]
 
     def ensure(j: int) -> None:
-        if j in kept or j in avail:
-            return
-        for x in layers[j].inputs:
-            if not keep[x]:
-                ensure(x)
-        seq.append(("R", j))
-        (kept if speed[j] else avail).add(j)
+        # Recompute j after its dropped inputs (depth-first, iteratively: a run
+        # of dropped layers can be longer than Python's recursion limit).
+        stack = [(j, False)]
+        while stack:
+            k, inputs_done = stack.pop()
+            if k in kept or k in avail:
+                continue
+            if inputs_done:
+                seq.append(("R", k))
+                (kept if speed[k] else avail).add(k)
+                continue
+            stack.append((k, True))
+            stack.extend((x, False) for x in reversed(layers[k].inputs) if not keep[x])
 
     for k, step in enumerate(back):
         for t in needs(step):
