@@ -22,7 +22,7 @@ class CachePlanner:
     """Plan a step sequence with an LRU tensor cache under a memory budget.
 
     Walks ``seq`` (route steps and recomputations) and emits ops: liveness
-    frees, and for ``evictable`` tensors (the unified tensor pool's) an
+    frees, and for ``evictable`` tensors (a predicate; None: every tensor) an
     eviction when an allocation would exceed ``capacity`` (least recently used
     first), a prefetch of evicted tensors needed up to the ``ahead``-th next
     ``boundary`` position (issued at each boundary, so copies overlap compute;
@@ -161,6 +161,9 @@ class CachePlanner:
         layers, boundary, frees = g.layers, self.boundary, self.frees
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
+        keep_made = self.offload_all
+        evictable = self.evictable
+        hits = 0
         for p, step in enumerate(self.seq):
             self.pos = p
             needs = needs_of[step]
@@ -172,7 +175,7 @@ class CachePlanner:
                 if s == _RES:
                     d = home.get(t)
                     if d is not None and t in d:
-                        self.hits += 1
+                        hits += 1
                         d.move_to_end(t)
                     continue
                 if s == _HOST:
@@ -204,13 +207,14 @@ class CachePlanner:
             for t in new:
                 state[t] = _RES
                 self.level += sz[t]
-                if self.evictable(t):
+                if evictable is None or evictable(t):
                     d = home.get(t)
                     if d is None:
                         d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
                     d[t] = None
                     made_at[t] = k
-                    made.append((k, t))
+                    if keep_made:
+                        made.append((k, t))
             # 5. liveness
             for t in frees[p]:
                 if state.pop(t, None) == _RES:
@@ -219,6 +223,7 @@ class CachePlanner:
                     d = home.get(t)
                     if d is not None:
                         d.pop(t, None)
+        self.hits = hits
         if not self.sync:   # paper mode: copy out right after the step that made it
             at: dict[int, list] = {}
             copies = set(self.copies)

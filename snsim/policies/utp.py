@@ -41,7 +41,7 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
     ckpt = tools.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
     return tools.CachePlanner(graph, seq, capacity,
-                              evictable=lambda t: True,
+                              evictable=None,
                               prefer=lambda t: t[0] == "X" and ckpt[t[1]],
                               boundary=boundary, sync=release, dyn_ws=dyn_ws,
                               offload_all=offload_all, ahead=ahead)
