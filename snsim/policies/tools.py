@@ -24,8 +24,8 @@ the copies under way have ended (the wait is a stall, not a failure).
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
 import math
+from collections import defaultdict
 
 from snsim.graph import Graph, Step, Tensor, step_name
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
