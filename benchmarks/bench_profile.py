@@ -4,9 +4,10 @@
    the k40c preset: wall time of trace generation (target <= 60 s).
 2. Measured CPU profile of resnet18 at batch 8, 3x64x64 (one thread, 10
    repeats, 3 warm-ups): overhead = sum of the trace's per-layer fwd+bwd
-   medians / median plain training step - 1 (target <= 10% in magnitude: the
-   per-layer times must add up to what training costs), and the profiler's
-   own wall time in plain steps.
+   pass medians / median plain training step - 1 (target <= 10% in magnitude:
+   the per-layer times must add up to what training costs), the same for the
+   executor's per-step times the trace keeps as fwd_ms/bwd_ms, and the
+   profiler's own wall time in plain steps.
 
 Run: ``python benchmarks/bench_profile.py [--skip-2500]``.
 """
@@ -50,9 +51,15 @@ def bench_resnet18(batch: int = 8, image: int = 64, repeats: int = 10, warmup: i
           f"(p10 {src['step_ms_p10']:.2f}, p90 {src['step_ms_p90']:.2f}); "
           f"sum of per-layer fwd+bwd medians {total:.2f} ms; "
           f"overhead {100 * (total / step - 1):+.1f}% (target <= 10%)")
+    ex_total = src.get("executor_layers_total_ms")
+    if ex_total:
+        print(f"  the trace's fwd_ms/bwd_ms are the executor's per-step medians: sum "
+              f"{ex_total:.2f} ms, {100 * (ex_total / step - 1):+.1f}% vs the plain step "
+              "(the executor's per-layer autograd calls and hooks)")
     print(f"  profiler wall time {wall:.2f} s = {wall * 1e3 / step:.0f} plain steps "
           f"(capture, {warmup + repeats} timed passes over the layers each followed by a "
-          f"plain step, link test)")
+          f"plain step, link test, then transient memory and {warmup + repeats} executor "
+          "steps)")
     print("  link: " + json.dumps({k: src["link"][k] for k in ("kind", "h2d_bytes_per_s")}))
 
 
