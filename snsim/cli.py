@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from snsim.errors import SnsimError
+from snsim.units import parse_budget
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,33 +20,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"snsim: error: {message} (see '{self.prog} --help')\n")
-
-
-def _budget(text: str | None, graph) -> int | None:
-    """``12GiB``, ``512MiB``, bytes, or ``1.05xlb`` (a multiple of the lower bound)."""
-    from snsim.units import parse_size
-
-    if text is None:
-        return None
-    t = text.strip().lower()
-    if t.endswith("xlb"):
-        try:
-            factor = float(t[:-3])
-        except ValueError:
-            raise SnsimError(f"cannot read budget {text!r}: use e.g. 1.05xlb") from None
-        if factor <= 0:
-            raise SnsimError(f"budget {text!r} must be positive")
-        value = int(factor * graph.lower_bound_bytes)
-    else:
-        value = parse_size(text)
-    if value < graph.lower_bound_bytes:
-        from snsim.units import fmt_bytes
-
-        raise SnsimError(
-            f"impossible budget {text!r} ({value} bytes): below this trace's lower bound of "
-            f"{graph.lower_bound_bytes} bytes ({fmt_bytes(graph.lower_bound_bytes)}), "
-            "which no policy can go under")
-    return value
 
 
 def _load(path: str):
@@ -75,10 +49,15 @@ def cmd_simulate(args) -> int:
     from snsim.fileio import provenance, write_json
     from snsim.report import comparison_table, rank, single_table
 
-    graph = _load(args.trace)
-    budget = _budget(args.budget, graph)
+    from snsim.fileio import check_writable
+
     if args.chrome_trace and args.policy == "all":
         raise SnsimError("--chrome-trace needs one policy, not 'all'")
+    for out in (args.timeline, args.chrome_trace):
+        if out:
+            check_writable(out)  # fail before the work, not after it
+    graph = _load(args.trace)
+    budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget}
@@ -115,7 +94,7 @@ def cmd_schedule(args) -> int:
     from snsim.schedule import verify
 
     graph = _load(args.trace)
-    budget = _budget(args.budget, graph)
+    budget = parse_budget(args.budget, graph.lower_bound_bytes)
     schedule = policies.plan(policies.get(args.policy).name, PlanContext(graph, budget))
     verify(graph, schedule)
     if schedule.infeasible_reason:

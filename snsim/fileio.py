@@ -48,11 +48,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     On any exception the temporary file is removed and ``path`` is untouched.
     """
     target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise SnsimError(f"cannot write {target}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp",
-                               dir=folder)
+    folder = check_writable(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp",
+                                   dir=folder)
+    except OSError as exc:
+        raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)
@@ -60,11 +61,28 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give a normal file's mode
     try:
         yield tmp_path
-        os.replace(tmp_path, target)
+        try:
+            os.replace(tmp_path, target)
+        except OSError as exc:
+            raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """The folder ``path`` would be written in; :class:`SnsimError` if it cannot be.
+
+    Commands call it before long work, so a bad ``--out`` fails at once.
+    """
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise SnsimError(f"cannot write {target}: folder {folder} does not exist")
+    if target.is_dir():
+        raise SnsimError(f"cannot write {target}: it is a folder")
+    return folder
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

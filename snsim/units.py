@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -55,3 +56,30 @@ def fmt_ms(ms: float | None) -> str:
     if ms >= 1000:
         return f"{ms / 1000:.3f} s"
     return f"{ms:.3f} ms"
+
+
+def parse_budget(text: str | None, lower_bound_bytes: int) -> int | None:
+    """A memory budget: a size (see :func:`parse_size`) or ``1.05xlb``, a multiple
+    of the trace's lower bound.  ``None`` stays ``None`` (the device's memory).
+
+    A budget under the lower bound is refused: no policy can go below it.
+    """
+    if text is None:
+        return None
+    t = str(text).strip().lower()
+    if t.endswith("xlb"):
+        try:
+            factor = float(t[:-3])
+        except ValueError:
+            raise SnsimError(f"cannot read budget {text!r}: use e.g. 1.05xlb") from None
+        if not math.isfinite(factor) or factor <= 0:
+            raise SnsimError(f"budget {text!r} must be a positive finite multiple")
+        value = int(factor * lower_bound_bytes)
+    else:
+        value = parse_size(text)
+    if value < lower_bound_bytes:
+        raise SnsimError(
+            f"impossible budget {text!r} ({value} bytes): below this trace's lower bound of "
+            f"{lower_bound_bytes} bytes ({fmt_bytes(lower_bound_bytes)}), "
+            "which no policy can go under")
+    return value

@@ -108,6 +108,9 @@ def test_info_schedule_policies(capsys):
     (["simulate", "/nonexistent/t.json"], "no such file"),
     (["simulate", TRACE, "--budget", "lots"], "cannot read size 'lots'"),
     (["simulate", TRACE, "--budget", "1MiB"], "impossible budget '1MiB'"),
+    (["simulate", TRACE, "--budget", "nanxlb"], "positive finite multiple"),
+    (["simulate", TRACE, "--budget", "infxlb"], "positive finite multiple"),
+    (["simulate", TRACE, "--policy", "liveness", "--chrome-trace", "."], "it is a folder"),
     (["simulate", TRACE, "--policy", "all", "--chrome-trace", "x.json"], "needs one policy"),
     (["info", str(ROOT / "pyproject.toml")], "invalid JSON"),
 ])

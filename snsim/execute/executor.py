@@ -381,6 +381,9 @@ class Executor:
         items, copies = self.host[t]
         if self.cuda:
             self.h2d.wait_stream(torch.cuda.current_stream(self.device))
+            offload = self.events.get(t)
+            if offload is not None:  # the host copy must be complete before it comes back
+                self.h2d.wait_event(offload)
         jobs = []
         for item, (hostbuf, size, stride) in zip(items, copies):
             new = torch.empty_strided(size, stride, dtype=self._dtype(hostbuf),

@@ -7,9 +7,9 @@ imports torch at module level: ``snsim --help`` works without torch.
 from __future__ import annotations
 
 import argparse
-import os
 
 from snsim.errors import SnsimError, require_torch
+from snsim.fileio import check_writable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise SnsimError(f"snsim profile needs {', '.join(missing)} "
                          "(or --list-models / --list-device-models)")
     shape = parse_shape(args.input_shape)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise SnsimError(f"cannot write {args.out}: folder {out_dir} does not exist")
+    check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler
 

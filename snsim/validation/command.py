@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="NAME|package.module:function")
     parser.add_argument("--batch", type=int)
     parser.add_argument("--input-shape", metavar="C,H,W")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="cpu or cuda (default: cpu; for a suite, the suite's device)")
     parser.add_argument("--policy", default="superneurons",
                         help="policy name, or 'best' (the simulator's first under the budget)")
     parser.add_argument("--budget", help="memory budget (12GiB, 512MiB, 1.2xlb, bytes)")
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suite:
         from snsim.validation.suite import run_suite
 
-        return run_suite(args.suite, args.out, device=None)
+        return run_suite(args.suite, args.out, device=args.device)
     missing = [f"--{k}" for k in ("model", "batch") if getattr(args, k) is None]
     if missing:
         raise SnsimError(f"snsim validate needs {', '.join(missing)} (or --suite FILE)")
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
-                device=args.device, repeats=args.repeats, warmup=args.warmup)
+                device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup)
     session = Session(progress=not args.json)
     out = validate_case(case, session, args.trace)
     base_rows = []

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from snsim.errors import SnsimError
+from snsim.units import parse_budget
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,6 @@ def validate_case(case: Case, session: Session | None = None,
     """Run ``case`` and return predicted against measured."""
     import torch
 
-    from snsim.cli import _budget
     from snsim.execute.executor import Executor
     from snsim.execute.memory import measure_peak, tensor_bytes, time_ms
     from snsim.execute.program import Program
@@ -127,7 +127,7 @@ def validate_case(case: Case, session: Session | None = None,
     try:
         trace = session.trace(case, trace_path)
         graph = Graph(trace)
-        budget = _budget(case.budget, graph)
+        budget = parse_budget(case.budget, graph.lower_bound_bytes)
         policy = choose_policy(graph, case.policy, budget)
         schedule, pred = predict(graph, policy, budget)
         # ---- real run (nothing below feeds the prediction above) ----
