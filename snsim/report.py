@@ -16,11 +16,6 @@ def rank(results: Sequence[SimResult]) -> list[SimResult]:
     return sorted(results, key=lambda r: (not r.feasible, -r.samples_per_s, r.peak_bytes))
 
 
-def results_frame(results: Sequence[SimResult]) -> pd.DataFrame:
-    """One tidy row per policy run (the ``--json`` fields)."""
-    return pd.DataFrame([r.to_dict() for r in results])
-
-
 def comparison_table(results: Sequence[SimResult]) -> str:
     rows = []
     for r in rank(results):

@@ -16,7 +16,6 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,17 +29,22 @@ class PeakMemory:
     window_bytes: int = 0    # growth seen inside the window
 
 
-def _alloc_events(prof) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+def _descendants(roots):
+    stack = list(roots)
     while stack:
-        ev = stack.pop()
-        fields = ev.extra_fields
-        if hasattr(fields, "alloc_size"):
-            out.append((ev.start_time_ns, fields.total_allocated))
-        stack.extend(ev.children)
-    out.sort()
-    return out
+        e = stack.pop()
+        yield e
+        stack.extend(e.children)
+
+
+def _alloc_events(roots) -> list[tuple[int, int, int]]:
+    """(time, running total, size) of every allocation event under ``roots``, in order."""
+    return sorted((e.start_time_ns, e.extra_fields.total_allocated, e.extra_fields.alloc_size)
+                  for e in _descendants(roots) if hasattr(e.extra_fields, "alloc_size"))
+
+
+def _tree(prof):
+    return prof.profiler.kineto_results.experimental_event_tree()
 
 
 def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: int,
@@ -69,9 +73,9 @@ def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: i
             release()
         mark_window()
         fn()
-    events = _alloc_events(prof)
     base = baseline(prof)
-    grown = max(max((total for _, total in events), default=base) - base, 0)
+    grown = max(max((total for _, total, _ in _alloc_events(_tree(prof))), default=base)
+                - base, 0)
     return PeakMemory(existing_bytes + grown, None, grown)
 
 
@@ -107,46 +111,19 @@ def mark_window() -> None:
 
 def baseline(prof) -> int:
     """The profiler's running total when :func:`mark_window` ran."""
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        ev = stack.pop()
+    for ev in _descendants(_tree(prof)):
         if ev.name == _MARK:
-            allocs = sorted((e.start_time_ns, e.extra_fields.total_allocated,
-                             e.extra_fields.alloc_size) for e in _descendants(ev)
-                            if hasattr(e.extra_fields, "alloc_size"))
-            _, total, size = allocs[0]
+            _, total, size = _alloc_events([ev])[0]
             return total - size
-        stack.extend(ev.children)
     raise RuntimeError("profiler window has no snsim marker")
-
-
-def _descendants(ev):
-    stack = [ev]
-    while stack:
-        e = stack.pop()
-        yield e
-        stack.extend(e.children)
 
 
 def time_ms(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int
             ) -> tuple[float, list[float]]:
     """Median wall time of ``fn`` in ms (CUDA events on a GPU), and all samples."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+    from snsim.profile.measure import Clock
+
+    samples = Clock(device).time_ms(fn, warmup, repeats)
     return statistics.median(samples), samples
 
 
@@ -164,25 +141,16 @@ def tensor_bytes(tensors) -> int:
 def per_op_levels(prof) -> dict[int, tuple[int, int]]:
     """(peak, end) inside each ``snsim#k`` range of an annotated run, relative
     to the window's baseline (:func:`mark_window` must have run in it)."""
-    levels: dict[int, tuple[int, int]] = {}
     base = baseline(prof)
-
-    def allocs(ev) -> list[tuple[int, int]]:
-        out, stack = [], [ev]
-        while stack:
-            e = stack.pop()
-            if hasattr(e.extra_fields, "alloc_size"):
-                out.append((e.start_time_ns, e.extra_fields.total_allocated))
-            stack.extend(e.children)
-        return sorted(out)
-
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    levels: dict[int, tuple[int, int]] = {}
+    stack = list(_tree(prof))
     while stack:
         ev = stack.pop()
         if ev.name.startswith("snsim#") and ev.name != _MARK:
-            a = allocs(ev)
-            if a:
-                levels[int(ev.name[6:])] = (max(t for _, t in a) - base, a[-1][1] - base)
+            allocs = _alloc_events([ev])
+            if allocs:
+                levels[int(ev.name[6:])] = (max(t for _, t, _ in allocs) - base,
+                                            allocs[-1][1] - base)
             continue
         stack.extend(ev.children)
     return levels

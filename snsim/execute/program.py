@@ -11,7 +11,6 @@ constants evaluated once.  The last layer is the loss the profiler appends
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,7 +48,6 @@ class Program:
         self.gm = captured.graph_module
         self.node_layer = captured.node_layer
         self.n = len(captured.layers)
-        self.kinds = [c.kind for c in captured.layers]
         self._fns: dict[str, Callable] = {}
         self._consts: dict[str, Any] = {}
         self.layers: list[LayerFn] = []
@@ -128,8 +126,6 @@ class Program:
             self._fns[node.name] = fn
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
-        if node.op == "call_function" and kwargs.get("inplace") is True:
-            kwargs["inplace"] = False
         return fn(*args, **kwargs)
 
     def _read_shapes(self, example: torch.Tensor) -> None:
@@ -147,9 +143,18 @@ class Program:
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
-        if node.op == "call_function" and kwargs.get("inplace") is True:
-            kwargs["inplace"] = False
         return self._fns[node.name](*args, **kwargs)
+
+    def existing_bytes(self) -> int:
+        """Memory the model holds before a step: parameters, buffers, constants.
+
+        Gradient buffers are not included: a measurement allocates them inside
+        its window (see ``Executor.prepare``).
+        """
+        from snsim.execute.memory import tensor_bytes
+
+        return tensor_bytes(list(self.model.parameters()) + list(self.model.buffers())
+                            + [v for v in self._consts.values() if isinstance(v, torch.Tensor)])
 
     def reference_loss(self, x: torch.Tensor) -> torch.Tensor:
         """The plain model's loss on ``x`` (same targets as the last layer)."""
@@ -157,6 +162,3 @@ class Program:
         return self._loss(out)
 
 
-
-def is_getitem(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem

@@ -13,27 +13,19 @@ on a CPU).  This happens while profiling, never in a validation run.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
 import torch
 
 from snsim.graph import Graph
+from snsim.profile.measure import quantiles
 from snsim.policies.base import PlanContext
 from snsim.policies.none import plan_none
 from snsim.schedule.ops import Compute
 
 from snsim.execute.executor import Executor
 from snsim.execute.program import Program
-
-
-def _quantiles(xs: list[float]) -> tuple[float, float, float]:
-    xs = sorted(xs)
-    if len(xs) == 1:
-        return xs[0], xs[0], xs[0]
-    q = statistics.quantiles(xs, n=10, method="inclusive")
-    return statistics.median(xs), q[0], q[-1]
 
 
 def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
@@ -80,7 +72,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
                 ex.step(batch, hook=hook)
     finally:
         ex.close()
-    return {schedule.ops[k].step: _quantiles(v) for k, v in samples.items()}
+    return {schedule.ops[k].step: quantiles(v) for k, v in samples.items()}
 
 
 def set_step_times(doc: dict, times: dict, warmup: int, repeats: int, device: torch.device) -> None:

@@ -94,12 +94,13 @@ def add_transients(doc: dict, model, example, device: torch.device,
     """Give each layer of a measured trace document its transient memory.
 
     With ``repeats``, the layers' times become the executor's own per-step
-    times (:mod:`snsim.execute.steptimes`).  A layer with a measured
-    transient gets a ``workspace`` entry
-    ``{"algo": "measured", "bytes": forward, "bwd_bytes": backward}`` with its
-    measured times, appended after any algorithm entries it has (so the
-    layer's default, its first entry, is unchanged where cuDNN candidates
-    exist); ``source.workspace`` says how it was measured.
+    times (:mod:`snsim.execute.steptimes`).  A layer with a measured transient
+    and no workspace list gets one entry ``{"algo": "measured", "bytes":
+    forward, "bwd_bytes": backward}`` with its times; a layer whose default
+    entry (the first) has no measured size yet (CPU's ``cpu-default``) gets
+    the sizes written into it; a default entry that already carries sizes
+    measured for its algorithm (CUDA's cuDNN entries) keeps them.
+    ``source.workspace`` says how it was measured.
     """
     from snsim.trace import from_dict
 
@@ -115,15 +116,14 @@ def add_transients(doc: dict, model, example, device: torch.device,
                        warmup, repeats, device)
     for i, (fwd, bwd) in found.items():
         layer = doc["layers"][i]
-        entry = {"algo": "measured", "bytes": int(fwd), "bwd_bytes": int(bwd),
-                 "fwd_ms": layer["fwd_ms"], "bwd_ms": layer["bwd_ms"]}
         if layer.get("workspace"):
             # candidates from the library: the measured one describes the default
             first = layer["workspace"][0]
             if first.get("bytes", 0) == 0 and "bwd_bytes" not in first:
                 first.update(bytes=int(fwd), bwd_bytes=int(bwd))
         else:
-            layer["workspace"] = [entry]
+            layer["workspace"] = [{"algo": "measured", "bytes": int(fwd), "bwd_bytes": int(bwd),
+                                   "fwd_ms": layer["fwd_ms"], "bwd_ms": layer["bwd_ms"]}]
     src = doc.setdefault("source", {})
     note = ("transient memory per step measured by snsim.execute.transients (peak inside "
             "the step minus its level before and its own allocations, one annotated step "

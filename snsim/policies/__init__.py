@@ -13,7 +13,7 @@ import pkgutil
 from typing import Callable
 
 from snsim.errors import PolicyError
-from snsim.policies.base import PlanContext, Planner, PolicyInfo
+from snsim.policies.base import PlanContext, Planner, PolicyInfo, no_cyclic_gc
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
@@ -59,7 +59,9 @@ def get(name: str) -> PolicyInfo:
 
 def plan(name: str, ctx: PlanContext):
     """Plan ``ctx`` with policy ``name`` and return its schedule."""
-    return get(name).planner(ctx)
+    planner = get(name).planner
+    with no_cyclic_gc():
+        return planner(ctx)
 
 
 __all__ = ["register", "names", "get", "plan", "PlanContext", "PolicyInfo"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,3 +38,21 @@ class PolicyInfo:
     summary: str
     planner: Planner
     order: int = 100
+
+
+@contextlib.contextmanager
+def no_cyclic_gc():
+    """Pause Python's cyclic garbage collector while planning.
+
+    A plan for a 10^4-layer trace allocates ~10^5 small objects and no
+    reference cycles (refcounting frees them); with other large graphs alive
+    in the process, the collector's full passes cost 15-20% of the planning
+    time.  The previous state is restored on exit.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -7,20 +7,13 @@ is made.
 
 from snsim.policies import register
 from snsim.policies.base import PlanContext
-from snsim.schedule.ops import Compute, Free, Op, Schedule
+from snsim.policies.tools import liveness_seq
+from snsim.schedule.ops import Op, Schedule
 
 
 def liveness_ops(graph) -> list[Op]:
     """The route with a :class:`Free` after each tensor's last use."""
-    frees: dict[int, list] = {}
-    for t, k in graph.last_use.items():
-        frees.setdefault(k, []).append(t)
-    ops: list[Op] = []
-    for k, (phase, i) in enumerate(graph.route):
-        ops.append(Compute(phase, i))
-        for t in frees.get(k, ()):
-            ops.append(Free(t))
-    return ops
+    return liveness_seq(graph, graph.route)
 
 
 @register("liveness", "free each tensor after its last use", order=10)

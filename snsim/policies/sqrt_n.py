@@ -36,6 +36,7 @@ def sqrt_n_keep(graph) -> list[bool]:
 
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once", order=45)
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
-    s = plan_recompute("sqrt-n", ctx, sqrt_n_keep(ctx.graph), "speed")
-    s.stats["kept_layers"] = sum(sqrt_n_keep(ctx.graph))
+    keep = sqrt_n_keep(ctx.graph)
+    s = plan_recompute("sqrt-n", ctx, keep, "speed")
+    s.stats["kept_layers"] = sum(keep)
     return s

@@ -71,11 +71,6 @@ def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
 @register("superneurons", "liveness + tensor cache + cost-aware recompute + dynamic workspace",
           order=60)
 def plan_superneurons(ctx: PlanContext) -> Schedule:
-    with tools.no_cyclic_gc():
-        return _plan(ctx)
-
-
-def _plan(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     cap = ctx.capacity_bytes
     keep = tools.checkpoints(g)

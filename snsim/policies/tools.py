@@ -23,11 +23,9 @@ the copies under way have ended (the wait is a stall, not a failure).
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 from collections import defaultdict
-from contextlib import contextmanager
 
 from snsim.graph import Graph, Step, Tensor, step_name
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
@@ -307,26 +305,6 @@ class _Sizes(dict):
     def __missing__(self, t):
         b = self[t] = self.size(t)
         return b
-
-
-
-
-@contextmanager
-def no_cyclic_gc():
-    """Pause Python's cyclic garbage collector while planning.
-
-    A plan for a 10^4-layer trace allocates ~10^5 small objects and no
-    reference cycles (refcounting frees them); with other large graphs alive
-    in the process, the collector's full passes cost 15-20% of the planning
-    time.  The previous state is restored on exit.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,

@@ -164,7 +164,9 @@ def _op_callable(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable, bool]:
         fn = node.target
         if fn in OUT_OF_PLACE:
             return OUT_OF_PLACE[fn], True
-        return fn, node.kwargs.get("inplace", False) is True
+        if node.kwargs.get("inplace", False) is True:  # F.relu(x, inplace=True)
+            return (lambda *a, **k: fn(*a, **{**k, "inplace": False})), True
+        return fn, False
     name = node.target  # call_method
     if name.endswith("_") and not name.startswith("_") and hasattr(torch.Tensor, name[:-1]):
         name, inplace = name[:-1], True
@@ -284,8 +286,6 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
                     and isinstance(env[n.name], nn.Parameter)]
     index = {n.name: k for k, n in enumerate(layer_args)}
     args, kwargs = node.args, dict(node.kwargs)
-    if node.op == "call_function" and kwargs.get("inplace") is True:
-        kwargs["inplace"] = False
 
     def call(*xs):
         sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index

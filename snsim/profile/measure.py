@@ -41,7 +41,7 @@ from snsim.errors import SnsimError
 from snsim.profile.capture import LayerOp
 
 
-def _quantiles(xs: list[float]) -> tuple[float, float, float]:
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
     """(median, p10, p90) of a sample (all equal for one value)."""
     if len(xs) == 1:
         return xs[0], xs[0], xs[0]
@@ -92,7 +92,7 @@ class Clock:
 
 
 def _spread(prefix: str, xs: list[float]) -> dict[str, float]:
-    m, lo, hi = _quantiles(xs) if xs else (0.0, 0.0, 0.0)
+    m, lo, hi = quantiles(xs) if xs else (0.0, 0.0, 0.0)
     return {prefix: m, f"{prefix}_p10": lo, f"{prefix}_p90": hi}
 
 
@@ -182,14 +182,14 @@ def time_layer(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> dict[str
             if isinstance(t, torch.Tensor) and t.requires_grad]
     wrt = [x for x in leaves if x.requires_grad] + list(op.params)
     res: dict[str, float] = {}
-    m, lo, hi = _quantiles(fwd)
+    m, lo, hi = quantiles(fwd)
     res.update(fwd_ms=m, fwd_ms_p10=lo, fwd_ms_p90=hi)
     if outs and wrt:
         gen = torch.Generator(device="cpu").manual_seed(1)
         grads = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in outs]
         bwd = clock.time_ms(lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True,
                                                         allow_unused=True), warmup, repeats)
-        m, lo, hi = _quantiles(bwd)
+        m, lo, hi = quantiles(bwd)
     else:
         m = lo = hi = 0.0
     res.update(bwd_ms=m, bwd_ms_p10=lo, bwd_ms_p90=hi)

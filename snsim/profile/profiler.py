@@ -90,8 +90,6 @@ def _example(spec: ModelSpec, batch: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(0)
     shape = (batch, *spec.input_shape)
     if device.type == "meta":
-        if spec.input_dtype.is_floating_point:
-            return torch.empty(shape, dtype=spec.input_dtype, device=device)
         return torch.empty(shape, dtype=spec.input_dtype, device=device)
     if spec.input_dtype.is_floating_point:
         return torch.randn(shape, generator=gen, dtype=spec.input_dtype).to(device)
@@ -304,7 +302,8 @@ def _preset_device(preset) -> dict[str, Any]:
             "h2d_bytes_per_s": preset.h2d_Bps, "d2h_bytes_per_s": preset.d2h_Bps}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -317,7 +316,7 @@ def _cpu_name() -> str:
 def _measured_source(dev, step, link, times) -> dict[str, Any]:
     total = sum(t["fwd_ms"] + t["bwd_ms"] for t in times)
     src = {"kind": "measured", "device": dev.type,
-           "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+           "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
            "threads": 1 if dev.type == "cpu" else None,
            "clock": "CUDA events" if dev.type == "cuda" else "time.perf_counter_ns",
            "timing": "passes over the network: each layer once in execution order on leaf "
@@ -342,7 +341,7 @@ def _measured_device(dev, link) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(dev)
         name, mem = props.name, int(props.total_memory)
     else:
-        name = f"{_cpu_name()} (host memory; link = memcpy)"
+        name = f"{cpu_name()} (host memory; link = memcpy)"
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"name": name, "memory_bytes": int(mem), "h2d_bytes_per_s": float(link["h2d_bytes_per_s"]),
             "d2h_bytes_per_s": float(link["d2h_bytes_per_s"])}

@@ -47,7 +47,6 @@ class _Run:
         self.freed_event = self.env.event()
         self.stall_ms = 0.0
         self.recompute_ms = 0.0
-        self.compute_ms = 0.0
         self.h2d_bytes = 0
         self.d2h_bytes = 0
         self.forward_end_ms = 0.0
@@ -123,7 +122,6 @@ class _Run:
                 if op.phase == "R":
                     self.recompute_ms += dur
                 else:
-                    self.compute_ms += dur
                     done_route += 1
                     if done_route == g.forward_end:
                         self.forward_end_ms = env.now

@@ -83,6 +83,21 @@ class Session:
         return self.traces[key]
 
 
+def build_program(case: Case):
+    """(model spec, example batch, Program) for ``case``, seeded as every run is."""
+    import torch
+
+    from snsim.execute.program import Program
+    from snsim.profile import profiler
+
+    dev = torch.device(case.device)
+    torch.manual_seed(0)
+    ms = profiler.resolve(case.model, case.input_shape, dev)
+    ms.model.train()
+    example = profiler._example(ms, case.batch, dev)
+    return ms, example, Program(ms.model, example)
+
+
 def choose_policy(graph, policy: str, budget: int | None) -> str:
     """``best``: the policy the simulator ranks first under the budget."""
     if policy != "best":
@@ -115,10 +130,8 @@ def validate_case(case: Case, session: Session | None = None,
     import torch
 
     from snsim.execute.executor import Executor
-    from snsim.execute.memory import measure_peak, tensor_bytes, time_ms
-    from snsim.execute.program import Program
+    from snsim.execute.memory import measure_peak, time_ms
     from snsim.graph import Graph
-    from snsim.profile import profiler
 
     session = session or Session()
     threads = torch.get_num_threads()
@@ -132,12 +145,10 @@ def validate_case(case: Case, session: Session | None = None,
         schedule, pred = predict(graph, policy, budget)
         # ---- real run (nothing below feeds the prediction above) ----
         dev = torch.device(case.device)
-        torch.manual_seed(0)
-        ms = profiler.resolve(case.model, case.input_shape, dev)
-        ms.model.train()
-        example = profiler._example(ms, case.batch, dev)
+        ms, example, program = build_program(case)
+        # the capture's forward changed only batch-norm running statistics,
+        # which train-mode batch norm does not read
         reference = copy.deepcopy(ms.model)
-        program = Program(ms.model, example)
         if program.n != graph.n:
             raise SnsimError(f"trace has {graph.n} layers but {case.model} captures "
                              f"{program.n}; profile the same model and input shape")
@@ -154,9 +165,7 @@ def validate_case(case: Case, session: Session | None = None,
             ref = [p.grad for p in reference.parameters() if p.requires_grad]
             diff = max(((a - b).abs().max().item() for a, b in zip(grads, ref)), default=0.0)
             del reference, ref, grads, ref_loss
-            existing = tensor_bytes(list(ms.model.parameters()) + list(ms.model.buffers())
-                                    + [v for v in program._consts.values()
-                                       if isinstance(v, torch.Tensor)])
+            existing = program.existing_bytes()
 
             def once() -> None:
                 ex.prepare(fresh=True)

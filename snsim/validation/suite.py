@@ -26,7 +26,6 @@ The run exits non-zero when any case or median breaks its tolerance.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import tomllib
 from pathlib import Path
@@ -69,9 +68,8 @@ def measure_baselines(case, outcome=None) -> list[dict[str, Any]]:
     import torch
 
     from snsim.execute.baselines import BASELINES
-    from snsim.execute.memory import measure_peak, tensor_bytes, time_ms
-    from snsim.execute.program import Program
-    from snsim.profile import profiler
+    from snsim.execute.memory import measure_peak, time_ms
+    from snsim.validation.run import build_program
 
     dev = torch.device(case.device)
     threads = torch.get_num_threads()
@@ -79,15 +77,9 @@ def measure_baselines(case, outcome=None) -> list[dict[str, Any]]:
         torch.set_num_threads(1)
     rows = []
     try:
-        torch.manual_seed(0)
-        ms = profiler.resolve(case.model, case.input_shape, dev)
-        ms.model.train()
-        example = profiler._example(ms, case.batch, dev)
-        program = Program(ms.model, example)
+        ms, example, program = build_program(case)
         batch = example.cpu()
-        existing = tensor_bytes(list(ms.model.parameters()) + list(ms.model.buffers())
-                                + [v for v in program._consts.values()
-                                   if isinstance(v, torch.Tensor)])
+        existing = program.existing_bytes()
         for name, make in BASELINES.items():
             step = make(program, batch)
             if step is None:
@@ -186,19 +178,13 @@ def check(df, tol: dict[str, float]) -> dict[str, Any]:
 
 
 def machine(dev: str) -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import os
 
-    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread"
+    import torch
+
+    from snsim.profile.profiler import cpu_name
+
+    text = f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread"
     if dev == "cuda" and torch.cuda.is_available():
         text += f", GPU {torch.cuda.get_device_name()}"
     return text
