@@ -242,14 +242,11 @@ class CachePlanner:
         return self.ops
 
     def _algo(self, step: Step, nb: int) -> int:
-        layer = self.g.layers[step[1]]
+        g = self.g
         free = self.cap - self.level - nb
-        bwd = step[0] == "B"
         best, best_ms, small, small_b = None, math.inf, 0, math.inf
-        for k, w in enumerate(layer.workspace):
-            b = w.backward_bytes if bwd else w.bytes
-            # entry 0's times are the layer's own (DESIGN section 2)
-            ms = (w.bwd_ms if bwd else w.fwd_ms) if k else (layer.bwd_ms if bwd else layer.fwd_ms)
+        for k in range(len(g.layers[step[1]].workspace)):
+            b, ms = g.workspace_bytes(step, k), g.step_ms(step, k)
             if b <= free and ms < best_ms:
                 best, best_ms = k, ms
             if b < small_b:

@@ -98,30 +98,23 @@ def build_program(case: Case):
     return ms, example, Program(ms.model, example)
 
 
-def choose_policy(graph, policy: str, budget: int | None) -> str:
-    """``best``: the policy the simulator ranks first under the budget."""
-    if policy != "best":
-        return policy
+def predict(graph, policy: str, budget: int | None):
+    """(schedule, simulated result) of ``policy``; ``best`` is the policy the
+    simulator ranks first under the budget (each policy planned once)."""
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.report import rank
-    from snsim.sim import simulate
-
-    ctx = PlanContext(graph, budget)
-    results = [simulate(graph, policies.plan(n, ctx), budget, record=False)
-               for n in policies.names()]
-    return rank(results)[0].policy
-
-
-def predict(graph, policy: str, budget: int | None):
-    from snsim import policies
-    from snsim.policies.base import PlanContext
     from snsim.schedule import verify
     from snsim.sim import simulate
 
-    schedule = policies.plan(policies.get(policy).name, PlanContext(graph, budget))
-    verify(graph, schedule)
-    return schedule, simulate(graph, schedule, budget, record=False)
+    ctx = PlanContext(graph, budget)
+    names = policies.names() if policy == "best" else [policies.get(policy).name]
+    runs = {}
+    for name in names:
+        schedule = policies.plan(name, ctx)
+        verify(graph, schedule)
+        runs[name] = (schedule, simulate(graph, schedule, budget, record=False))
+    return runs[rank([r for _, r in runs.values()])[0].policy]
 
 
 def validate_case(case: Case, session: Session | None = None,
@@ -141,8 +134,8 @@ def validate_case(case: Case, session: Session | None = None,
         trace = session.trace(case, trace_path)
         graph = Graph(trace)
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
-        policy = choose_policy(graph, case.policy, budget)
-        schedule, pred = predict(graph, policy, budget)
+        schedule, pred = predict(graph, case.policy, budget)
+        policy = pred.policy
         # ---- real run (nothing below feeds the prediction above) ----
         dev = torch.device(case.device)
         ms, example, program = build_program(case)
