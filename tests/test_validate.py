@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -12,6 +13,7 @@ from snsim.cli import main  # noqa: E402
 from snsim.validation.run import Case, Session, validate_case  # noqa: E402
 
 SESSION = Session()
+R18 = str(pathlib.Path(__file__).parent.parent / "traces" / "cpu_resnet18_b8_64.json")
 
 
 @pytest.mark.parametrize("model, shape, policy, budget", [
@@ -73,6 +75,10 @@ policies = ["liveness", "cost-aware"]
     (["validate", "--model", "toymodels:concat", "--batch", "2", "--policy", "bogus"],
      "unknown policy 'bogus'"),
     (["validate", "--suite", "/nonexistent.toml"], "no such suite file"),
+    (["validate", "--model", "resnet18", "--batch", "4", "--trace",
+      R18], "is for batch 8, input [3, 64, 64]"),
+    (["validate", "--model", "resnet18", "--batch", "8", "--trace",
+      R18], "does not describe resnet18 at this input"),
 ])
 def test_validate_errors(capsys, argv, message):
     code = main(argv)

@@ -132,6 +132,13 @@ def validate_case(case: Case, session: Session | None = None,
         torch.set_num_threads(1)
     try:
         trace = session.trace(case, trace_path)
+        if trace.batch != case.batch or (case.input_shape and trace.input_shape
+                                         and tuple(case.input_shape) != trace.input_shape):
+            raise SnsimError(
+                f"{trace.label} is for batch {trace.batch}, input {list(trace.input_shape)}; "
+                f"this run asks batch {case.batch}"
+                + (f", input {list(case.input_shape)}" if case.input_shape else "")
+                + ": pass the trace's --batch and --input-shape")
         graph = Graph(trace)
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
         schedule, pred = predict(graph, case.policy, budget)
@@ -142,9 +149,12 @@ def validate_case(case: Case, session: Session | None = None,
         # the capture's forward changed only batch-norm running statistics,
         # which train-mode batch norm does not read
         reference = copy.deepcopy(ms.model)
-        if program.n != graph.n:
-            raise SnsimError(f"trace has {graph.n} layers but {case.model} captures "
-                             f"{program.n}; profile the same model and input shape")
+        data_bytes = example.numel() * example.element_size()
+        if program.n != graph.n or data_bytes != graph.layers[0].output_bytes:
+            raise SnsimError(f"{trace.label} does not describe {case.model} at this input: "
+                             f"{graph.n} layers and {graph.layers[0].output_bytes} input bytes "
+                             f"in the trace, {program.n} and {data_bytes} in the model; "
+                             "profile the same model, batch and input shape")
         batch = example.cpu().numpy().copy() if dev.type == "cpu" else example.cpu().pin_memory()
         ex = Executor(program, graph, schedule, dev)
         try:
