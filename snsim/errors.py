@@ -23,8 +23,8 @@ class PolicyError(SnsimError):
 
 def require_torch(command: str) -> None:
     """Raise a one-line :class:`SnsimError` if PyTorch is not installed."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
         raise SnsimError(f"{command} needs PyTorch: pip install 'snsim[torch]' "
                          "(torch==2.13.0)") from None

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from snsim.execute.executor import Executor  # noqa: E402
-from snsim.execute.memory import measure_peak, tensor_bytes  # noqa: E402
-from snsim.execute.program import Program  # noqa: E402
+from snsim.execute.memory import measure_peak  # noqa: E402
+from snsim.torchgraph.program import tensor_bytes  # noqa: E402
+from snsim.torchgraph.program import Program  # noqa: E402
 from snsim.graph import Graph  # noqa: E402
 from snsim.policies import names, plan  # noqa: E402
 from snsim.policies.base import PlanContext  # noqa: E402
@@ -30,11 +31,11 @@ def setup(spec):
         torch.manual_seed(0)
         ms = profiler.resolve(spec, None, torch.device("cpu"))
         ms.model.train()
-        x = profiler._example(ms, 4, torch.device("cpu"))
+        x = profiler.example_input(ms, 4, torch.device("cpu"))
         ref_model = copy.deepcopy(ms.model)
         prog = Program(ms.model, x)
         torch.manual_seed(7)
-        prog._loss(ref_model(x)).backward()
+        prog.loss(ref_model(x)).backward()
         ref = [p.grad.clone() for p in ref_model.parameters()]
         _cache[spec] = (g, prog, x, ref, ms.model)
     return _cache[spec]

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from snsim.errors import SnsimError  # noqa: E402
-from snsim.profile import capture as cap  # noqa: E402
+from snsim.torchgraph import capture as cap  # noqa: E402
 from snsim.profile import command, profiler, zoo  # noqa: E402
 from snsim.trace import from_dict, load  # noqa: E402
 

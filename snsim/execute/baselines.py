@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from snsim.execute.program import Program
+from snsim.torchgraph.program import Program
 
 
 def autograd_step(program: Program, batch: torch.Tensor) -> Callable[[], None]:

@@ -45,7 +45,7 @@ from snsim.errors import ScheduleError
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 
-from snsim.execute.program import Program
+from snsim.torchgraph.program import Program
 
 
 class _Saved:

@@ -121,21 +121,10 @@ def baseline(prof) -> int:
 def time_ms(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int
             ) -> tuple[float, list[float]]:
     """Median wall time of ``fn`` in ms (CUDA events on a GPU), and all samples."""
-    from snsim.profile.measure import Clock
+    from snsim.torchgraph.clock import Clock
 
     samples = Clock(device).time_ms(fn, warmup, repeats)
     return statistics.median(samples), samples
-
-
-def tensor_bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.numel():
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total += t.untyped_storage().nbytes()
-    return total
 
 
 def per_op_levels(prof) -> dict[int, tuple[int, int]]:

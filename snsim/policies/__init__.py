@@ -17,7 +17,7 @@ from snsim.policies.base import PlanContext, Planner, PolicyInfo, no_cyclic_gc
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
-_INTERNAL = {"base", "tools"}
+_INTERNAL = {"base", "tools", "cache"}  # helpers, not policies
 
 
 def register(name: str, summary: str, order: int = 100) -> Callable[[Planner], Planner]:

@@ -10,8 +10,8 @@ Not a policy (the registry skips a module named ``tools``).  Four pieces:
 * :func:`planned_peak` and :func:`estimate_ms`: the simulator's memory and
   time rules replayed without simpy, for planners that choose between plans
   (a policy never imports the simulator);
-* :class:`snsim.policies._cache.CachePlanner` (its own module, re-exported
-  here): the unified tensor pool's LRU cache, with eviction under the budget
+* :class:`snsim.policies.cache.CachePlanner` (its own module, built on
+  these helpers): the unified tensor pool's LRU cache, with eviction under the budget
   and prefetch ahead.
 
 Note 1 (frees and the budget).  The simulator releases a freed tensor whose
@@ -227,7 +227,7 @@ def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
 def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
     "Time"), without simpy; ``inf`` when an allocation can never fit."""
-    size = _Sizes(graph)
+    size = Sizes(graph)
     allocs_of, layers = graph._allocs, graph.layers
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
@@ -295,7 +295,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     return max(now, d2h, h2d)
 
 
-class _Sizes(dict):
+class Sizes(dict):
     """Tensor sizes of one graph, filled on first use."""
 
     def __init__(self, graph: Graph):
@@ -312,6 +312,3 @@ def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: di
     """A schedule with the recompute counters added to ``stats``."""
     stats = {**stats, **recompute_stats(graph, ops)}
     return Schedule(name, ops, budget, stats, reason)
-
-
-from snsim.policies._cache import CachePlanner  # noqa: E402  (uses the helpers above)

@@ -30,17 +30,18 @@ from snsim.graph import Graph
 from snsim.policies import register
 from snsim.policies import tools
 from snsim.policies.base import PlanContext
+from snsim.policies.cache import CachePlanner
 from snsim.schedule.ops import Schedule
 
 
 def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
                      dyn_ws: bool = False, offload_all: bool = False,
-                     ahead: int = 1) -> tools.CachePlanner:
-    """A :class:`tools.CachePlanner` over all activations, prefetching at
+                     ahead: int = 1) -> CachePlanner:
+    """A :class:`CachePlanner` over all activations, prefetching at
     checkpoint steps (``ahead`` checkpoints ahead); ``run()`` it to get the ops."""
     ckpt = tools.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
-    return tools.CachePlanner(graph, seq, capacity,
+    return CachePlanner(graph, seq, capacity,
                               evictable=None,
                               prefer=lambda t: t[0] == "X" and ckpt[t[1]],
                               boundary=boundary, sync=release, dyn_ws=dyn_ws,

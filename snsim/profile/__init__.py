@@ -1,6 +1,6 @@
 """The profiler: PyTorch model -> ``snsim.trace/1`` trace (issue 3).
 
-Two modes share one graph capture (:mod:`snsim.profile.capture`):
+Two modes share one graph capture (:mod:`snsim.torchgraph.capture`):
 
 * measured (:mod:`snsim.profile.measure`): per-layer times from a real run
   on ``cpu`` or ``cuda``;

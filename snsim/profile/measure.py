@@ -2,7 +2,7 @@
 
 Layers are timed the way a training step runs them (:func:`time_layers`):
 each pass runs every layer once in execution order, each on leaf copies of
-its recorded inputs (:class:`snsim.profile.capture.LayerOp`), then every
+its recorded inputs (:class:`snsim.torchgraph.capture.LayerOp`), then every
 backward in reverse order (``torch.autograd.grad`` of the layer's output
 with a fixed random ``grad_output`` with respect to its floating inputs and
 parameters), freeing each layer's graph as it goes.  ``warmup`` passes are
@@ -38,57 +38,8 @@ from typing import Any, Callable
 import torch
 
 from snsim.errors import SnsimError
-from snsim.profile.capture import LayerOp
-
-
-def quantiles(xs: list[float]) -> tuple[float, float, float]:
-    """(median, p10, p90) of a sample (all equal for one value)."""
-    if len(xs) == 1:
-        return xs[0], xs[0], xs[0]
-    q = statistics.quantiles(xs, n=10, method="inclusive")
-    return statistics.median(xs), q[0], q[-1]
-
-
-class Clock:
-    """Times a callable in milliseconds on the device the work runs on."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def once(self, fn: Callable[..., Any], *args, **kwargs) -> tuple[float, Any]:
-        """(milliseconds, result) of one call; CUDA: events, synchronized."""
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            result = fn(*args, **kwargs)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end), result
-        t0 = time.perf_counter_ns()
-        result = fn(*args, **kwargs)
-        return (time.perf_counter_ns() - t0) / 1e6, result
-
-    def time_ms(self, fn: Callable[[], object], warmup: int, repeats: int) -> list[float]:
-        for _ in range(warmup):
-            fn()
-        out = []
-        if self.cuda:
-            torch.cuda.synchronize()
-            for _ in range(repeats):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                out.append(start.elapsed_time(end))
-        else:
-            for _ in range(repeats):
-                t0 = time.perf_counter_ns()
-                fn()
-                out.append((time.perf_counter_ns() - t0) / 1e6)
-        return out
+from snsim.torchgraph.capture import LayerOp
+from snsim.torchgraph.clock import Clock, quantiles
 
 
 def _spread(prefix: str, xs: list[float]) -> dict[str, float]:

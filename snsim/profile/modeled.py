@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from snsim.profile.capture import LayerOp
+from snsim.torchgraph.capture import LayerOp
 from snsim.profile.devices import DevicePreset
 
 EFF_COMPUTE = 0.6

@@ -2,7 +2,7 @@
 
 :func:`profile` resolves the model (zoo name or ``package.module:function``),
 builds it on the device (``meta`` for modeled mode), captures its layers
-(:mod:`~snsim.profile.capture`), times them (:mod:`~snsim.profile.measure`) or
+(:mod:`~snsim.torchgraph.capture`), times them (:mod:`~snsim.profile.measure`) or
 models them (:mod:`~snsim.profile.modeled`), and returns a validated
 ``snsim.trace/1`` document.  :func:`write` writes it whole, compactly (one
 layer per line).
@@ -26,7 +26,7 @@ import torch.nn as nn
 from snsim import __version__
 from snsim.errors import SnsimError
 from snsim.fileio import write_atomic
-from snsim.profile import capture as cap
+from snsim.torchgraph import capture as cap
 from snsim.profile import devices, zoo
 from snsim.trace import SCHEMA, from_dict
 
@@ -86,7 +86,7 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None, device: torch.device
     return ModelSpec(spec, model, shape, dtype, vocab)
 
 
-def _example(spec: ModelSpec, batch: int, device: torch.device) -> torch.Tensor:
+def example_input(spec: ModelSpec, batch: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(0)
     shape = (batch, *spec.input_shape)
     if device.type == "meta":
@@ -153,7 +153,7 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
     try:
         ms = resolve(spec, input_shape, dev)
         ms.model.train()
-        example = _example(ms, batch, dev)
+        example = example_input(ms, batch, dev)
 
         def on_node(total):
             if total is not None:
@@ -204,7 +204,7 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
         # reorders, cuDNN workspaces, gradients materialized before they are added)
         # becomes the step's workspace, and each step's time is the time snsim's
         # executor takes for it: both measured by running the real executor.
-        from snsim.execute.transients import add_transients
+        from snsim.profile.transients import add_transients
 
         del captured
         if dev.type == "cpu":

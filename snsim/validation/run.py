@@ -87,14 +87,14 @@ def build_program(case: Case):
     """(model spec, example batch, Program) for ``case``, seeded as every run is."""
     import torch
 
-    from snsim.execute.program import Program
+    from snsim.torchgraph.program import Program
     from snsim.profile import profiler
 
     dev = torch.device(case.device)
     torch.manual_seed(0)
     ms = profiler.resolve(case.model, case.input_shape, dev)
     ms.model.train()
-    example = profiler._example(ms, case.batch, dev)
+    example = profiler.example_input(ms, case.batch, dev)
     return ms, example, Program(ms.model, example)
 
 
@@ -163,7 +163,7 @@ def validate_case(case: Case, session: Session | None = None,
             ex.step(batch)
             grads = [p.grad.detach().clone() for p in program.param_list]
             torch.manual_seed(1)
-            ref_loss = program._loss(reference(example))
+            ref_loss = program.loss(reference(example))
             ref_loss.backward()
             ref = [p.grad for p in reference.parameters() if p.requires_grad]
             diff = max(((a - b).abs().max().item() for a, b in zip(grads, ref)), default=0.0)

@@ -62,7 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from snsim.errors import SnsimError
-from snsim.profile.kinds import BWD_READS, OUT_OF_PLACE, bwd_reads, kind_of
+from snsim.torchgraph.kinds import BWD_READS, OUT_OF_PLACE, bwd_reads, kind_of
 
 MEMO = True  # note [6]
 
@@ -146,7 +146,7 @@ def symbolic_trace(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(model, graph)
 
 
-def _op_callable(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable, bool]:
+def op_callable(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable, bool]:
     """The node's callable, made out of place [2]; returns (fn, was_inplace)."""
     inplace = False
     if node.op == "call_module":
@@ -239,7 +239,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
                                         requires_grad=False))
             continue
         if node.op == "get_attr":
-            env[node.name] = _fetch_attr(gm, node.target)
+            env[node.name] = fetch_attr(gm, node.target)
             node_layer[node.name] = None
             continue
         if node.op == "output":
@@ -262,7 +262,7 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
     obj: Any = gm
     for part in target.split("."):
         obj = getattr(obj, part)
@@ -281,7 +281,7 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
         env[node.name] = env[node.args[0].name][node.args[1]]
         node_layer[node.name] = node_layer[node.args[0].name]
         return
-    fn, inplace = _op_callable(gm, node)
+    fn, inplace = op_callable(gm, node)
     const_params = [env[n.name] for n in producers if node_layer.get(n.name, 0) is None
                     and isinstance(env[n.name], nn.Parameter)]
     index = {n.name: k for k, n in enumerate(layer_args)}

@@ -1,6 +1,6 @@
 """A model as one callable per trace layer.
 
-The profiler's capture (``snsim.profile.capture``) maps every torch.fx node
+The profiler's capture (``snsim.torchgraph.capture``) maps every torch.fx node
 to the trace layer it produces, to the layer it is a view of, or to nothing
 (a constant).  :class:`Program` interprets the same graph: layer ``i`` is
 computed from tensors of its input layers by running its node, with view
@@ -19,7 +19,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from snsim.errors import SnsimError
-from snsim.profile import capture as cap
+from snsim.torchgraph import capture as cap
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Program:
             elif lid not in self._producer:
                 self._producer[lid] = node
                 if node.op != "placeholder":
-                    fn, _ = cap._op_callable(self.gm, node)
+                    fn, _ = cap.op_callable(self.gm, node)
                     self._fns[node.name] = fn
         targets = None
         for c in captured.layers:
@@ -80,7 +80,7 @@ class Program:
                 targets = c.op
         if self.layers[-1].node is not None or targets is None:
             raise SnsimError("captured graph has no loss layer")
-        self._loss = targets.fn  # cross entropy with the capture's fixed targets
+        self.loss = targets.fn  # cross entropy with the capture's fixed targets
         del captured, targets
         self._dynamic = {name for name, lid in self.node_layer.items()
                          if lid is None and name not in self._consts
@@ -92,10 +92,10 @@ class Program:
     # ------------------------------------------------------------ evaluation
     def _const(self, node: fx.Node) -> Any:
         if node.op == "get_attr":
-            return cap._fetch_attr(self.gm, node.target)
+            return cap.fetch_attr(self.gm, node.target)
         if node.op == "placeholder":
             raise SnsimError("model input is used as a constant")
-        fn, _ = cap._op_callable(self.gm, node)
+        fn, _ = cap.op_callable(self.gm, node)
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._consts[n.name])
         with torch.no_grad():
@@ -109,7 +109,7 @@ class Program:
         if lid is not None and self._producer.get(lid) is node:
             return values[lid]
         if lid is None:  # read off a layer (x.shape[0]): the same every step; keep it
-            fn = self._fns.get(node.name) or cap._op_callable(self.gm, node)[0]
+            fn = self._fns.get(node.name) or cap.op_callable(self.gm, node)[0]
             args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                            lambda n: self._value(n, values))
             with torch.no_grad():
@@ -122,7 +122,7 @@ class Program:
         # a view of layer ``lid`` (or getitem of a tuple-valued layer): re-apply it
         fn = self._fns.get(node.name)
         if fn is None:
-            fn, _ = cap._op_callable(self.gm, node)
+            fn, _ = cap.op_callable(self.gm, node)
             self._fns[node.name] = fn
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
@@ -139,7 +139,7 @@ class Program:
         """Compute layer ``i`` from its input layers' tensors."""
         layer = self.layers[i]
         if i == self.n - 1:
-            return self._loss(self._value(self._out_node, values))
+            return self.loss(self._value(self._out_node, values))
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
@@ -151,14 +151,24 @@ class Program:
         Gradient buffers are not included: a measurement allocates them inside
         its window (see ``Executor.prepare``).
         """
-        from snsim.execute.memory import tensor_bytes
-
         return tensor_bytes(list(self.model.parameters()) + list(self.model.buffers())
                             + [v for v in self._consts.values() if isinstance(v, torch.Tensor)])
 
     def reference_loss(self, x: torch.Tensor) -> torch.Tensor:
         """The plain model's loss on ``x`` (same targets as the last layer)."""
         out = self.model(x)
-        return self._loss(out)
+        return self.loss(out)
 
 
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (aliases counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+    return total

@@ -29,7 +29,7 @@ from snsim.schedule.ops import Compute
 
 from snsim.execute.executor import Executor
 from snsim.execute.memory import per_op_levels
-from snsim.execute.program import Program
+from snsim.torchgraph.program import Program
 
 # Below this a measured transient is allocator noise (alignment, small tensors).
 _NOISE_BYTES = 4096
@@ -94,7 +94,7 @@ def add_transients(doc: dict, model, example, device: torch.device,
     """Give each layer of a measured trace document its transient memory.
 
     With ``repeats``, the layers' times become the executor's own per-step
-    times (:mod:`snsim.execute.steptimes`).  A layer with a measured transient
+    times (:mod:`snsim.profile.steptimes`).  A layer with a measured transient
     and no workspace list gets one entry ``{"algo": "measured", "bytes":
     forward, "bwd_bytes": backward}`` with its times; a layer whose default
     entry (the first) has no measured size yet (CPU's ``cpu-default``) gets
@@ -110,7 +110,7 @@ def add_transients(doc: dict, model, example, device: torch.device,
         else example.detach().cpu().pin_memory()
     found = measure_transients(program, graph, batch, device)
     if repeats > 0:
-        from snsim.execute.steptimes import set_step_times, time_steps
+        from snsim.profile.steptimes import set_step_times, time_steps
 
         set_step_times(doc, time_steps(program, graph, batch, device, warmup, repeats),
                        warmup, repeats, device)
@@ -125,7 +125,7 @@ def add_transients(doc: dict, model, example, device: torch.device,
             layer["workspace"] = [{"algo": "measured", "bytes": int(fwd), "bwd_bytes": int(bwd),
                                    "fwd_ms": layer["fwd_ms"], "bwd_ms": layer["bwd_ms"]}]
     src = doc.setdefault("source", {})
-    note = ("transient memory per step measured by snsim.execute.transients (peak inside "
+    note = ("transient memory per step measured by snsim.profile.transients (peak inside "
             "the step minus its level before and its own allocations, one annotated step "
             f"of policy none on {device.type}); a layer's default workspace entry carries it")
     src["workspace"] = f"{src['workspace']}; {note}" if src.get("workspace") else note

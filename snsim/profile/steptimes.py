@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from snsim.graph import Graph
-from snsim.profile.measure import quantiles
+from snsim.torchgraph.clock import quantiles
 from snsim.policies.base import PlanContext
 from snsim.policies.none import plan_none
 from snsim.schedule.ops import Compute
 
 from snsim.execute.executor import Executor
-from snsim.execute.program import Program
+from snsim.torchgraph.program import Program
 
 
 def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,

@@ -1,6 +1,6 @@
 """DESIGN layer kinds for fx nodes, and the per-kind backward reads.
 
-See notes [2] and [4] in :mod:`snsim.profile.capture`.
+See notes [2] and [4] in :mod:`snsim.torchgraph.capture`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The unified tensor pool's LRU cache, planned ahead under a budget.
 
-Private helper of the policies (the registry skips modules starting with
-``_``); use it as :class:`snsim.policies.tools.CachePlanner`.
+A helper of the swapping policies, not a policy (the registry skips it).
+It imports :mod:`snsim.policies.tools`, never the other way round.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from snsim.graph import Graph, Step, Tensor
-from snsim.policies.tools import _Sizes, shortfall, use_positions
+from snsim.policies.tools import Sizes, shortfall, use_positions
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 _RES, _HOST, _IN = 1, 2, 3
@@ -53,7 +53,7 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
-        self.sz = _Sizes(graph)
+        self.sz = Sizes(graph)
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
         # Evictable resident tensors, least recently used first: preferred
