@@ -14,14 +14,18 @@ import math
 import random
 from dataclasses import dataclass
 
+from snsim import devices
 from snsim.trace.model import Device, Layer, Trace, Workspace
 
-K40C = Device(name="NVIDIA Tesla K40c (nominal)", memory_bytes=12 * 2**30,
-              h2d_Bps=10.0e9, d2h_Bps=10.0e9)
-# Nominal roofline of the K40c: 4.29 TFLOP/s FP32 at boost, 288 GB/s GDDR5; a
-# sustained 60% of peak compute for convolutions is typical of cuDNN there.
-_FLOPS_PER_S = 4.29e12 * 0.6
-_MEM_BPS = 288e9 * 0.8
+_K40C = devices.get("k40c")
+K40C = Device(name=_K40C.name, memory_bytes=_K40C.memory_bytes,
+              h2d_Bps=_K40C.h2d_Bps, d2h_Bps=_K40C.d2h_Bps)
+# A rough roofline on the k40c preset (snsim.devices): a sustained 60% of peak
+# FP32 compute for convolutions, 80% of memory bandwidth.  The profiler's
+# modeled mode (snsim.profile.modeled) is the accurate one; these shapes are
+# for benchmarks and property tests.
+_FLOPS_PER_S = _K40C.fp32_flops * 0.6
+_MEM_BPS = _K40C.mem_Bps * 0.8
 
 _BWD_READS = {
     "data": (), "conv": ("inputs",), "fc": ("inputs",), "matmul": ("inputs",),
@@ -131,8 +135,10 @@ class ShapeBuilder:
                 bwd_reads=frozenset(_BWD_READS[nd.kind]),
                 saved_extra_bytes=b * nd.saved_extra, workspace=ws))
         source = {"kind": "modeled", "device": "none",
-                  "device_model": "snsim.synth roofline (nominal K40c: 4.29 TFLOP/s x 0.6, "
-                                  "288 GB/s x 0.8); shapes only, no profiling",
+                  "device_model": "snsim.synth roofline (k40c preset: "
+                                  f"{_K40C.fp32_flops / 1e12:.2f} TFLOP/s x 0.6, "
+                                  f"{_K40C.mem_Bps / 1e9:.0f} GB/s x 0.8); shapes only, "
+                                  "no profiling",
                   "generator": "snsim.synth", "note": note}
         return Trace(model=self.model, batch=b, layers=tuple(layers), device=self.device,
                      input_shape=self.input_shape, source=source)

@@ -6,7 +6,7 @@ Two modes share one graph capture (:mod:`snsim.torchgraph.capture`):
   on ``cpu`` or ``cuda``;
 * modeled (:mod:`snsim.profile.modeled`): the model runs on the ``meta``
   device (shapes only, no memory) and times come from a roofline on a
-  device preset (:mod:`snsim.profile.devices`).
+  device preset (:mod:`snsim.devices`).
 
 Byte fields are identical in both modes: they come from the same capture.
 Models: the zoo (:mod:`snsim.profile.zoo`) or any ``package.module:function``

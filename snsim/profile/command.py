@@ -51,7 +51,7 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "list_device_models", False):
-        from snsim.profile import devices
+        from snsim import devices
 
         print(devices.table())
         return 0

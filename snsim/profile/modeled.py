@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from snsim.torchgraph.capture import LayerOp
-from snsim.profile.devices import DevicePreset
+from snsim.devices import DevicePreset
 
 EFF_COMPUTE = 0.6
 EFF_MEMORY = 0.8

@@ -27,7 +27,8 @@ from snsim import __version__
 from snsim.errors import SnsimError
 from snsim.fileio import write_atomic
 from snsim.torchgraph import capture as cap
-from snsim.profile import devices, zoo
+from snsim import devices
+from snsim.profile import zoo
 from snsim.trace import SCHEMA, from_dict
 
 

@@ -69,8 +69,10 @@ class Device:
     d2h_Bps: float
 
 
-# A device for traces that carry none: the paper's 12 GB K40c over PCIe 3.0 x16.
-DEFAULT_DEVICE = Device(name="default (K40c-like, 12 GiB, PCIe3 x16)",
+# A device for traces that carry none: 12 GiB and 12 GB/s each way (a round
+# figure for pinned copies over PCIe 3.0 x16).  It is not one of the presets
+# (snsim.devices); a trace that names its device always uses that.
+DEFAULT_DEVICE = Device(name="default (12 GiB, 12 GB/s links)",
                         memory_bytes=12 * 2**30, h2d_Bps=12e9, d2h_Bps=12e9)
 
 

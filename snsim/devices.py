@@ -1,4 +1,7 @@
-"""Device presets for modeled traces (``--device-model``).
+"""Every device preset snsim knows, in one place (``--device-model``).
+
+The profiler's modeled mode prices kernels on them; synthetic traces
+(:mod:`snsim.synth`) take their memory and links from them.
 
 Each preset is one public datasheet's figures.  ``fp32_flops`` is the peak
 non-tensor FP32 rate (boost clock where the sheet gives one), ``tensor_flops``
