@@ -1,0 +1,39 @@
+"""Every shipped trace under every policy gives the recorded ``--json`` numbers.
+
+``tests/golden/simulate.json`` was written by ``scripts/golden.py`` before the
+redesign (commit 2acf9a2) and guards refactors: a change that moves any
+number here must be a deliberate change of a policy, made together with a new
+recording (``python scripts/golden.py``) and said in its commit.  dtr on the
+ResNet-2500 traces is left out (tens of seconds of planning).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = json.loads((ROOT / "tests" / "golden" / "simulate.json").read_text())
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from golden import record  # noqa: E402
+
+
+def _flat(d: dict) -> dict:
+    """The recorded layout: planner statistics beside the other keys."""
+    d = dict(d)
+    d.update(d.pop("policy_stats", {}) or {})
+    return d
+
+
+@pytest.mark.parametrize("trace", sorted({k.split("|")[0] for k in GOLDEN}))
+def test_shipped_trace_numbers_unchanged(trace):
+    want = {k: v for k, v in GOLDEN.items() if k.startswith(trace + "|")}
+    got = record(ROOT / "traces" / trace, keys=set(want))
+    assert set(got) == set(want)
+    for key in sorted(want):
+        assert _flat(got[key]) == want[key], key
