@@ -37,3 +37,12 @@ def test_shipped_trace_numbers_unchanged(trace):
     assert set(got) == set(want)
     for key in sorted(want):
         assert _flat(got[key]) == want[key], key
+
+
+def test_planner_statistics_are_nested():
+    """A planner statistic never sits beside, or overwrites, a contract key."""
+    key = "k40c_resnet50_b32.json|1.5xlb|superneurons"
+    got = record(ROOT / "traces" / "k40c_resnet50_b32.json", keys={key})[key]
+    assert got["policy_stats"]["plan"] in ("cache-only", "cost-aware")
+    stats = set(got["policy_stats"])
+    assert stats and not stats & (set(got) - {"policy_stats"})

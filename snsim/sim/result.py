@@ -52,7 +52,7 @@ class SimResult:
     intervals: tuple[Interval, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object: DESIGN section 4 keys first, then extras."""
+        """The ``--json`` object: DESIGN section 4 keys first, then extras, then ``policy_stats``."""
         d = {k: getattr(self, k) for k in (
             "policy", "trace", "budget_bytes", "feasible", "peak_bytes", "static_bytes",
             "lower_bound_bytes", "iteration_ms", "compute_ms", "recompute_ms", "stall_ms",
@@ -65,7 +65,8 @@ class SimResult:
         d["peak_over_lower_bound"] = round(self.peak_bytes / self.lower_bound_bytes, 6)
         d["time_over_compute"] = (round(self.iteration_ms / self.compute_ms, 6)
                                   if self.compute_ms > 0 else None)
-        d.update(self.policy_stats)
+        # the planner's own counters, under their own key: never beside (or over) a contract key
+        d["policy_stats"] = dict(self.policy_stats)
         return d
 
     def event_log(self) -> list[dict[str, Any]]:
