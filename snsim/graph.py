@@ -74,8 +74,9 @@ class Graph:
                 self.grad_owner[j] = max(owners)
         self.route: list[Step] = [("F", i) for i in range(n)]
         self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
-        self._needs: dict[Step, tuple[Tensor, ...]] = {}
-        self._allocs: dict[Step, tuple[Tensor, ...]] = {}
+        # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
+        self.needs_map: dict[Step, tuple[Tensor, ...]] = {}
+        self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
         for i in range(n):
             self._build_steps(i)
 
@@ -84,10 +85,10 @@ class Graph:
         layer = self.layers[i]
         ins = tuple(dict.fromkeys(layer.inputs))
         fwd_allocs = (X(i),) + ((S(i),) if layer.saved_extra_bytes else ())
-        self._needs[("F", i)] = tuple(X(j) for j in ins)
-        self._allocs[("F", i)] = fwd_allocs
-        self._needs[("R", i)] = tuple(X(j) for j in ins)
-        self._allocs[("R", i)] = fwd_allocs
+        self.needs_map[("F", i)] = tuple(X(j) for j in ins)
+        self.allocs_map[("F", i)] = fwd_allocs
+        self.needs_map[("R", i)] = tuple(X(j) for j in ins)
+        self.allocs_map[("R", i)] = fwd_allocs
         if not self.requires_grad[i]:
             return
         last = i == self.n - 1
@@ -102,16 +103,16 @@ class Graph:
         for j in ins:
             if self.requires_grad[j]:
                 (allocs if self.grad_owner[j] == i else needs).append(G(j))
-        self._needs[("B", i)] = tuple(dict.fromkeys(needs))
-        self._allocs[("B", i)] = tuple(dict.fromkeys(allocs))
+        self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
+        self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
 
     def needs(self, step: Step) -> tuple[Tensor, ...]:
         """Tensors that must be resident when ``step`` runs (read or accumulated)."""
-        return self._needs[step]
+        return self.needs_map[step]
 
     def allocs(self, step: Step) -> tuple[Tensor, ...]:
         """Tensors ``step`` creates (a recompute re-creates the forward's)."""
-        return self._allocs[step]
+        return self.allocs_map[step]
 
     def size(self, t: Tensor) -> int:
         layer = self.layers[t[1]]
@@ -141,7 +142,7 @@ class Graph:
     def step_bytes(self, step: Step) -> int:
         """Bytes of what a step needs and allocates (no workspace, no statics)."""
         size = self.size
-        return sum(size(t) for t in self._needs[step]) + sum(size(t) for t in self._allocs[step])
+        return sum(size(t) for t in self.needs_map[step]) + sum(size(t) for t in self.allocs_map[step])
 
     # ------------------------------------------------------------- analyses
     @cached_property
@@ -149,9 +150,9 @@ class Graph:
         """Route index of the last step that needs or allocates each tensor."""
         last: dict[Tensor, int] = {}
         for k, step in enumerate(self.route):
-            for t in self._needs[step]:
+            for t in self.needs_map[step]:
                 last[t] = k
-            for t in self._allocs[step]:
+            for t in self.allocs_map[step]:
                 last[t] = k
         return last
 

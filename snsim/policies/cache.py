@@ -82,7 +82,7 @@ class CachePlanner:
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use).
         ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
-        sz, allocs = self.sz, graph._allocs
+        sz, allocs = self.sz, graph.allocs_map
         layers = graph.layers
         self.ws_need = [ws(st) if layers[st[1]].workspace else 0 for st in seq]
         self.step_need = [sum([sz[t] for t in allocs[st]]) + w
@@ -156,7 +156,7 @@ class CachePlanner:
     def run(self) -> list[Op]:
         g, sz, state, home, ops = self.g, self.sz, self.state, self.home, self.ops
         prefer, lru_p, lru_o = self.prefer, self.lru_p, self.lru_o
-        needs_of, allocs_of = g._needs, g._allocs
+        needs_of, allocs_of = g.needs_map, g.allocs_map
         ws_need = self.ws_need
         layers, boundary, frees = g.layers, self.boundary, self.frees
         made_at = self.made_at

@@ -27,7 +27,8 @@ import heapq
 import math
 from collections import defaultdict
 
-from snsim.graph import Graph, Step, Tensor, step_name
+from snsim.graph import Graph, Step, Tensor, step_name, tensor_name
+from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 from snsim.units import fmt_bytes
 
@@ -150,7 +151,7 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
     tensors whose current instance is last used there: a tensor that is
     allocated again later is freed after its last use before that).
     """
-    needs, allocs = graph._needs, graph._allocs
+    needs, allocs = graph.needs_map, graph.allocs_map
     uses: dict[Tensor, list[int]] = defaultdict(list)
     last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
@@ -188,35 +189,17 @@ def recompute_stats(graph: Graph, ops: list[Op]) -> dict:
 # ------------------------------------------------------------ replay rules
 def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
                  ) -> tuple[int, str | None]:
-    """Peak level of ``ops`` counting frees as immediate (note 1), and the
-    first step that does not fit ``capacity`` (None if all fit)."""
-    size = graph.size
-    level = peak = graph.trace.static_bytes
-    resident: set = set()
-    reason = None
-    for op in ops:
-        tp = type(op)
-        if tp is Compute:
-            step = op.step
-            add = graph.workspace_bytes(step, op.algo)
-            for t in graph.allocs(step):
-                if t not in resident:
-                    resident.add(t)
-                    level += size(t)
-            top = level + add
-            if top > peak:
-                peak = top
-            if capacity is not None and reason is None and top > capacity:
-                reason = shortfall(graph, step, top - capacity, capacity)
-        elif tp is Free:
-            resident.discard(op.tensor)
-            level -= size(op.tensor)
-        elif tp is Prefetch:
-            resident.add(op.tensor)
-            level += size(op.tensor)
-            if level > peak:
-                peak = level
-    return peak, reason
+    """Peak level of ``ops`` counting frees as immediate (note 1), and why the
+    first op that does not fit ``capacity`` does not (None if all fit)."""
+    peak, first = ledger.planned_peak(graph, ops, capacity)
+    if first is None:
+        return peak, None
+    op = ops[first]
+    if type(op) is Compute:
+        level = ledger.planned_peak(graph, ops[:first + 1])[0]
+        return peak, shortfall(graph, op.step, level - capacity, capacity)
+    return peak, (f"prefetch of {tensor_name(op.tensor)} does not fit the "
+                  f"{fmt_bytes(capacity)} budget")
 
 
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
@@ -226,14 +209,14 @@ def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
 
 def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
-    "Time"), without simpy; ``inf`` when an allocation can never fit."""
+    "Time"), without simpy; ``inf`` when an allocation can never fit.  Memory
+    per op is the ledger's (:func:`snsim.schedule.ledger.walk`)."""
     size = Sizes(graph)
-    allocs_of, layers = graph._allocs, graph.layers
+    layers = graph.layers
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
     now = d2h = h2d = 0.0
     level = graph.trace.static_bytes
-    resident: set = set()
     off_done: dict = {}
     in_done: dict = {}
     pending: list = []   # (time, bytes) of frees under way
@@ -251,42 +234,32 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             level -= b
         return True
 
-    for op in ops:
+    for op, (_, nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False)):
         tp = type(op)
         if tp is Compute:
-            step = op.step
-            nb = 0
-            for t in allocs_of[step]:
-                if t not in resident:
-                    resident.add(t)
-                    nb += size[t]
-            layer = layers[op.layer]
-            ws = graph.workspace_bytes(step, op.algo) if layer.workspace else 0
             if level + nb + ws > capacity and not fit(nb + ws):
                 return math.inf
             level += nb
             if op.algo:
-                now += graph.step_ms(step, op.algo)
+                now += graph.step_ms(op.step, op.algo)
             else:
+                layer = layers[op.layer]
                 now += layer.bwd_ms if op.phase == "B" else layer.fwd_ms
         elif tp is Free:
-            t = op.tensor
-            resident.discard(t)
-            done = off_done.get(t, 0.0)
+            done = off_done.get(op.tensor, 0.0)
             if done > now:
-                heapq.heappush(pending, (done, size[t]))
+                heapq.heappush(pending, (done, freed))
             else:
-                level -= size[t]
+                level -= freed
         elif tp is Offload:
             d2h = max(d2h, now) + size[op.tensor] * d2h_ms
             off_done[op.tensor] = d2h
         elif tp is Prefetch:
             t = op.tensor
-            if level + size[t] > capacity and not fit(size[t]):
+            if level + nb > capacity and not fit(nb):
                 return math.inf
-            resident.add(t)
-            level += size[t]
-            h2d = max(h2d, now, off_done.get(t, 0.0)) + size[t] * h2d_ms
+            level += nb
+            h2d = max(h2d, now, off_done.get(t, 0.0)) + nb * h2d_ms
             in_done[t] = h2d
         elif tp is Wait:
             t = op.tensor

@@ -89,6 +89,8 @@ class Schedule:
     budget_bytes: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     infeasible_reason: str | None = None
+    # (graph, number of ops, effects) once the ledger has walked it (ledger.effects)
+    checked: tuple | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.ops)

@@ -11,14 +11,19 @@ All allocations are made by the compute stream (the host thread that issues
 the ops).  One that does not fit the budget waits for frees already under
 way (an offload finishing, see ``ops.Free``); if none is under way, the run
 ends infeasible with the step and the shortfall.
+
+What each op does to memory (which tensors it makes resident, how many bytes
+it allocates, frees or holds as workspace) comes from the ledger
+(:mod:`snsim.schedule.ledger`), which also checks the schedule's rules; this
+module adds time.
 """
 
 from __future__ import annotations
 
 import simpy
 
-from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
+from snsim.schedule.ledger import effects
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 from snsim.sim.result import Interval, MemoryPoint, SimResult
 from snsim.units import fmt_bytes
@@ -39,7 +44,6 @@ class _Run:
         self.env = simpy.Environment()
         self.level = graph.trace.static_bytes
         self.peak = self.level
-        self.resident: dict = {}
         self.offloading: dict = {}    # tensor -> completion event of its D2H copy
         self.inbound: dict = {}       # tensor -> completion event of its H2D copy
         self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
@@ -58,6 +62,8 @@ class _Run:
         dev = graph.trace.device
         self.env.process(self._copy_engine(self.h2d, "h2d", dev.h2d_Bps))
         self.env.process(self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        # the ledger's memory effect of each op (checks the rules; cached by verify)
+        self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
         self.done = self.env.process(self._compute_stream())
 
     # -------------------------------------------------------------- memory
@@ -67,8 +73,8 @@ class _Run:
         if self.record:
             self.timeline.append(MemoryPoint(self.env.now, self.level, what))
 
-    def _release(self, t) -> None:
-        self.level -= self.resident.pop(t)
+    def _release(self, t, nbytes: int) -> None:
+        self.level -= nbytes
         if self.record:
             self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t)))
 
@@ -96,24 +102,19 @@ class _Run:
     def _compute_stream(self):
         g, env = self.g, self.env
         size = g.size
-        route_len = len(g.route)
         done_route = 0
-        for k, op in enumerate(self.schedule.ops):
-            if type(op) is Compute:
+        for op, (_, nbytes, ws, freed) in zip(self.schedule.ops, self.effects):
+            tp = type(op)
+            if tp is Compute:
                 step = op.step
-                new = [t for t in g.allocs(step) if t not in self.resident]
-                ws = g.workspace_bytes(step, op.algo)
-                need = ws + sum(size(t) for t in new)
+                need = ws + nbytes
                 if self.level + need > self.capacity:
                     try:
                         yield from self._reserve(need, f"step {step_name(step)} "
                                                  f"({g.layers[op.layer].name})")
                     except _Infeasible:
                         return
-                for t in new:
-                    self.resident[t] = size(t)
-                    self.level += self.resident[t]
-                self.level += ws
+                self.level += need
                 self._mark(step_name(step))
                 dur = g.step_ms(step, op.algo)
                 start = env.now
@@ -131,47 +132,41 @@ class _Run:
                     self.level -= ws
                     if self.record:
                         self.timeline.append(MemoryPoint(env.now, self.level, "workspace"))
-            elif type(op) is Free:
+            elif tp is Free:
                 t = op.tensor
                 if t in self.offloading:
-                    # The device copy leaves ``resident`` now (a prefetch may bring
-                    # the tensor back before the copy ends) but holds memory until then.
-                    self.deferred[t] = self.deferred.get(t, 0) + self.resident.pop(t)
+                    # The device copy leaves now (a prefetch may bring the tensor
+                    # back before the copy ends) but holds its memory until then.
+                    self.deferred[t] = self.deferred.get(t, 0) + freed
                 else:
-                    self._release(t)
-            elif type(op) is Offload:
+                    self._release(t, freed)
+            elif tp is Offload:
                 t = op.tensor
                 ev = env.event()
                 self.offloading[t] = ev
                 self.copied_out[t] = ev
                 self.d2h_bytes += size(t)
                 self.d2h.put((t, ev))
-            elif type(op) is Prefetch:
+            elif tp is Prefetch:
                 t = op.tensor
-                nbytes = size(t)
                 if self.level + nbytes > self.capacity:
                     try:
                         yield from self._reserve(nbytes, f"prefetch of {tensor_name(t)}")
                     except _Infeasible:
                         return
-                self.resident[t] = nbytes
                 self.level += nbytes
                 self._mark("prefetch " + tensor_name(t))
                 ev = env.event()
                 self.inbound[t] = ev
                 self.h2d_bytes += nbytes
                 self.h2d.put((t, ev))
-            elif type(op) is Wait:
+            elif tp is Wait:
                 ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
-                if ev is None:
-                    raise ScheduleError(f"op {k} ({op}): nothing in flight to wait for")
                 if not ev.triggered:
                     start = env.now
                     yield ev
                     self._stall(start, "wait " + tensor_name(op.tensor))
                 self.inbound.pop(op.tensor, None)
-        if done_route < route_len:
-            raise ScheduleError("schedule ends before the route does")
 
     def _copy_engine(self, queue: simpy.Store, name: str, bandwidth: float):
         env, size = self.env, self.g.size

@@ -1,0 +1,165 @@
+"""The one meaning of a schedule: what each op does to device memory.
+
+Which tensors are on the device after each op does not depend on time: it
+follows from the op sequence alone.  :func:`walk` replays a schedule once,
+checks every rule of ``verify`` on the way (raising :class:`ScheduleError`
+that names the op), and returns one :data:`Effect` per op:
+
+    (alloc, alloc_bytes, workspace_bytes, free_bytes)
+
+* ``alloc``: the tensors the op makes resident (a compute step's outputs
+  that are not already resident, a prefetch's tensor), ``alloc_bytes``
+  their size;
+* ``workspace_bytes``: a compute step's transient workspace, held only for
+  its duration;
+* ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
+  offload of the tensor still copying ends: that part is time, and belongs
+  to the interpreter that keeps time).
+
+Every interpreter reads memory through these effects: the verifier
+(``walk`` itself), the simulator (adds simpy time, copy engines and waiting
+for memory), the planners' replay (:func:`planned_peak`, and
+``policies.tools.estimate_ms`` which adds the same time rules without
+simpy).  A new op kind or a new aliasing rule (a tensor that shares another
+one's storage) is written here once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from snsim.errors import ScheduleError
+from snsim.graph import Graph, step_name, tensor_name
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+
+ABSENT, RESIDENT, INBOUND = 0, 1, 2
+
+Effect = tuple  # (alloc: tuple[Tensor, ...], alloc_bytes: int, workspace_bytes: int, free_bytes: int)
+_NONE: Effect = ((), 0, 0, 0)
+
+
+def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
+         ) -> list[Effect]:
+    """The memory effect of every op of ``ops``; :class:`ScheduleError` on a broken rule.
+
+    With ``route`` (a whole schedule) the route steps must all appear, in
+    order; planners replaying a partial op list pass ``route=False``.
+    """
+    state: dict = {}          # tensor -> RESIDENT | INBOUND (absent if missing)
+    host: set = set()         # tensors with a host copy (offload issued)
+    freed_at: dict = {}       # tensor -> op index of its last free
+    steps = graph.route
+    n_steps = len(steps)
+    needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.size
+    layers = graph.layers
+    pos = 0
+    out: list[Effect] = []
+    append = out.append
+
+    def fail(k: int, msg: str):
+        raise ScheduleError(f"schedule of {policy}: op {k} ({ops[k]}): {msg}")
+
+    for k, op in enumerate(ops):
+        tp = type(op)
+        if tp is Compute:
+            step = (op.phase, op.layer)
+            if op.phase == "R":
+                if step not in needs_of:
+                    fail(k, "unknown step")
+            elif op.phase in ("F", "B"):
+                if route:
+                    if pos >= n_steps or steps[pos] != step:
+                        want = step_name(steps[pos]) if pos < n_steps else "nothing"
+                        fail(k, f"route step out of order: expected {want}")
+                    pos += 1
+                elif step not in needs_of:
+                    fail(k, "unknown step")
+            else:
+                fail(k, "unknown step")
+            ws = layers[op.layer].workspace
+            if op.algo and not 0 <= op.algo < len(ws):
+                fail(k, f"layer has no workspace algorithm {op.algo}")
+            for t in needs_of[step]:
+                s = state.get(t, ABSENT)
+                if s != RESIDENT:
+                    if s == INBOUND:
+                        fail(k, f"needs {tensor_name(t)}, prefetched but not waited for")
+                    if t in freed_at:
+                        fail(k, f"uses {tensor_name(t)} after it was freed at op {freed_at[t]}")
+                    fail(k, f"needs {tensor_name(t)}, which is not resident")
+            new = []
+            nbytes = 0
+            for t in allocs_of[step]:
+                s = state.get(t, ABSENT)
+                if s == ABSENT:
+                    state[t] = RESIDENT
+                    new.append(t)
+                    nbytes += size(t)
+                elif s == INBOUND:
+                    fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
+                elif t[0] != "S":
+                    fail(k, f"allocates {tensor_name(t)}, which is already resident")
+                # a resident S (saved extras re-made by a recompute) is overwritten in place
+            append((tuple(new), nbytes, graph.workspace_bytes(step, op.algo) if ws else 0, 0))
+        elif tp is Free:
+            t = op.tensor
+            if state.get(t, ABSENT) != RESIDENT:
+                fail(k, f"frees {tensor_name(t)}, which it does not hold"
+                     + (f" (freed at op {freed_at[t]})" if t in freed_at else ""))
+            del state[t]
+            freed_at[t] = k
+            append(((), 0, 0, size(t)))
+        elif tp is Offload:
+            t = op.tensor
+            if state.get(t, ABSENT) != RESIDENT:
+                fail(k, f"offloads {tensor_name(t)}, which is not resident")
+            host.add(t)
+            append(_NONE)
+        elif tp is Prefetch:
+            t = op.tensor
+            if t not in host:
+                fail(k, f"prefetches {tensor_name(t)}, which has no host copy")
+            if state.get(t, ABSENT) != ABSENT:
+                fail(k, f"prefetches {tensor_name(t)}, which is already on the device")
+            state[t] = INBOUND
+            append(((t,), size(t), 0, 0))
+        elif tp is Wait:
+            t = op.tensor
+            s = state.get(t, ABSENT)
+            if s == INBOUND:
+                state[t] = RESIDENT
+            elif not (s == RESIDENT and t in host):
+                fail(k, f"waits for {tensor_name(t)}, which has no copy in flight")
+            append(_NONE)
+        else:
+            fail(k, f"unknown operation {type(op).__name__}")
+    if route and pos != n_steps:
+        raise ScheduleError(f"schedule of {policy}: ends before route step "
+                            f"{step_name(steps[pos])}")
+    return out
+
+
+def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
+    """:func:`walk` of a whole schedule, computed once per (graph, schedule)."""
+    cached = schedule.checked
+    if cached is not None and cached[0] is graph and cached[1] == len(schedule.ops):
+        return cached[2]
+    out = walk(graph, schedule.ops, schedule.policy)
+    schedule.checked = (graph, len(schedule.ops), out)
+    return out
+
+
+def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
+                 ) -> tuple[int, int | None]:
+    """Peak level of ``ops`` counting every free as immediate, and the index of
+    the first op whose level does not fit ``capacity`` (None if all fit)."""
+    level = peak = graph.trace.static_bytes
+    first = None
+    for k, (_, nbytes, ws, freed) in enumerate(walk(graph, ops, route=False)):
+        level += nbytes - freed
+        top = level + ws
+        if top > peak:
+            peak = top
+        if capacity is not None and first is None and top > capacity:
+            first = k
+    return peak, first

@@ -1,0 +1,74 @@
+"""The ledger: each op's memory effect, worked out by hand on chain4.
+
+chain4: data X0 100 B -> conv X1 200 B (reads inputs) -> act X2 200 B (reads
+output) -> loss X3 4 B; static 2 x 10 B.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from snsim.errors import ScheduleError
+from snsim.graph import G, Graph, X
+from snsim.schedule import ledger
+from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
+from snsim.sim import simulate
+
+
+def _swap():
+    return [
+        Compute("F", 0), Compute("F", 1), Offload(X(0)), Free(X(0)),
+        Compute("F", 2), Free(X(1)), Compute("F", 3), Free(X(3)),
+        Compute("B", 3), Free(G(3)), Compute("B", 2), Free(X(2)), Free(G(2)),
+        Prefetch(X(0)), Wait(X(0)), Compute("B", 1), Free(X(0)), Free(G(1)),
+    ]
+
+
+def test_effects_by_hand(chain4):
+    g = Graph(chain4)
+    eff = ledger.walk(g, _swap())
+    assert eff[0] == ((X(0),), 100, 0, 0)        # F0 makes the data resident
+    assert eff[1] == ((X(1),), 200, 0, 0)
+    assert eff[2] == ((), 0, 0, 0)               # an offload moves no device bytes
+    assert eff[3] == ((), 0, 0, 100)             # free X0
+    assert eff[8] == ((G(3), G(2)), 204, 0, 0)   # the loss's backward makes G3 and its input's G2
+    assert eff[10] == ((G(1),), 200, 0, 0)       # B2 makes G1
+    assert eff[13] == ((X(0),), 100, 0, 0)       # a prefetch allocates when issued
+    assert eff[15] == ((), 0, 0, 0)              # B1: the data needs no gradient
+    # every byte allocated is freed by the end: 100+200+200+4+204+200+100
+    assert sum(e[1] for e in eff) == sum(e[3] for e in eff) == 1008
+
+
+def test_resident_saved_extra_is_overwritten_in_place():
+    from conftest import L, make
+    t = make([L(0, "data", [], 100), L(1, "dropout", [0], 100, fwd=1.0, bwd=1.0, extra=30),
+              L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"])])
+    g = Graph(t)
+    ops = [Compute("F", 0), Compute("F", 1), Free(X(1)), Compute("R", 1)]
+    eff = ledger.walk(g, ops, route=False)
+    assert eff[1] == ((X(1), ("S", 1)), 130, 0, 0)
+    assert eff[3] == ((X(1),), 100, 0, 0)        # S1 still resident: no new bytes
+
+
+def test_planned_peak_counts_frees_as_immediate(chain4):
+    g = Graph(chain4)
+    peak, first = ledger.planned_peak(g, _swap())
+    assert peak == simulate(g, Schedule("hand", _swap())).peak_bytes
+    assert first is None
+    _, first = ledger.planned_peak(g, _swap(), capacity=400)
+    assert first == 4                            # F2: 20 + X1 200 + X2 200 > 400
+
+
+def test_effects_are_cached_per_schedule(chain4):
+    g = Graph(chain4)
+    s = Schedule("hand", _swap())
+    a = ledger.effects(g, s)
+    assert ledger.effects(g, s) is a
+    assert ledger.effects(Graph(chain4), s) is not a   # another graph walks again
+
+
+def test_walk_names_the_op(chain4):
+    with pytest.raises(ScheduleError, match=r"schedule of p: op 1 \(free X1\)"):
+        ledger.walk(Graph(chain4), [Compute("F", 0), Free(X(1))], "p", route=False)
+    with pytest.raises(ScheduleError, match="waits for X0"):
+        ledger.walk(Graph(chain4), [Compute("F", 0), Wait(X(0))], route=False)
