@@ -43,6 +43,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, tensor_name
+from snsim.schedule.ledger import effects
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 
 from snsim.torchgraph.program import Program
@@ -102,6 +103,10 @@ class Executor:
         if graph.n != program.n:
             raise ScheduleError(f"trace has {graph.n} layers but the model has {program.n}")
         self.p, self.g, self.schedule, self.device = program, graph, schedule, device
+        # The ledger's walk: the one set of rules (a broken schedule is refused
+        # here, naming the op, before any tensor moves); its effects say which
+        # tensors each op makes resident or frees, which this class obeys.
+        effects(graph, schedule)
         self.cuda = device.type == "cuda"
         self.recomputed = {op.layer for op in schedule.ops
                            if type(op) is Compute and op.phase == "R"}
@@ -336,8 +341,7 @@ class Executor:
             for rec in self.extras.pop(t[1], []):
                 rec.t = None
             return
-        if self.store.pop(t, None) is None:
-            raise ScheduleError(f"frees {tensor_name(t)}, not resident")
+        del self.store[t]  # the ledger has checked that it is resident
 
     def _get(self, item) -> torch.Tensor:
         return item.t if isinstance(item, _Saved) else self.store[item]
@@ -376,8 +380,6 @@ class Executor:
             self.events[t] = self.d2h_pool.submit(_copy_all, jobs, None)
 
     def _prefetch(self, t) -> None:
-        if t not in self.host:
-            raise ScheduleError(f"prefetches {tensor_name(t)} without a host copy")
         items, copies = self.host[t]
         if self.cuda:
             self.h2d.wait_stream(torch.cuda.current_stream(self.device))
@@ -409,9 +411,7 @@ class Executor:
         return torch.from_numpy(np.empty(0, dtype=hostbuf.dtype)).dtype
 
     def _wait(self, t) -> None:
-        ev = self.events.get(t)
-        if ev is None:
-            raise ScheduleError(f"waits for {tensor_name(t)}, nothing in flight")
+        ev = self.events[t]  # the ledger has checked that a copy is in flight
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(ev)
         else:
