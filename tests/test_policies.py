@@ -19,7 +19,7 @@ import pytest
 
 from snsim.graph import Graph
 from snsim.policies import names, plan
-from snsim.policies import tools
+from snsim.policies import layers
 from snsim.policies.base import PlanContext
 from snsim.policies.utp import plan_utp
 from snsim.schedule import verify
@@ -86,13 +86,13 @@ def test_chain_a_bounds():
 # ----------------------------------------------------------- classification
 def test_checkpoints_and_segments_chain():
     g = chain_a()
-    keep = tools.checkpoints(g)
+    keep = layers.checkpoints(g)
     assert keep == [True, True, False, True, False, True]
-    segs, seg_of = tools.segments(g, keep)
+    segs, seg_of = layers.segments(g, keep)
     assert segs == [[2], [4]] and seg_of == [-1, -1, 0, -1, 1, -1]
     # l_i: B5 24, B4 240, B3 30, B2 340, B1 20
-    assert [tools.layer_bwd_bytes(g, i) for i in (5, 4, 3, 2, 1)] == [24, 240, 30, 340, 20]
-    assert tools.l_peak(g) == 340
+    assert [layers.layer_bwd_bytes(g, i) for i in (5, 4, 3, 2, 1)] == [24, 240, 30, 340, 20]
+    assert layers.l_peak(g) == 340
 
 
 def test_checkpoints_residual_block():
@@ -102,9 +102,9 @@ def test_checkpoints_residual_block():
         L(2, "act", [1], 10, 0, 1, 1, ["output"]), L(3, "conv", [2], 10, 10, 1, 2, ["inputs"]),
         L(4, "bn", [3], 10, 2, 1, 1, ["inputs"]), L(5, "add", [4, 2], 10, 0, 1, 1),
         L(6, "loss", [5], 4, 0, 1, 1, ["inputs"])])
-    keep = tools.checkpoints(g)
+    keep = layers.checkpoints(g)
     assert keep == [True, True, True, True, False, True, True]   # the fork relu2 is kept
-    assert tools.segments(g, keep)[0] == [[4]]
+    assert layers.segments(g, keep)[0] == [[4]]
     s, r = run(g, "recompute-speed")
     # bn4's output is needed by nobody's backward (add reads nothing, bn reads
     # its input), so nothing is recomputed and the plan is liveness's.
@@ -118,9 +118,9 @@ def test_checkpoints_concat_block():
         L(2, "conv", [1], 20, 10, 1, 2, ["inputs"]), L(3, "conv", [1], 20, 10, 1, 2, ["inputs"]),
         L(4, "act", [2], 20, 0, 0.5, 0.5, ["output"]), L(5, "act", [3], 20, 0, 0.25, 0.25, ["output"]),
         L(6, "concat", [4, 5], 40, 0, 1, 1), L(7, "loss", [6], 4, 0, 1, 1, ["inputs"])])
-    keep = tools.checkpoints(g)
+    keep = layers.checkpoints(g)
     assert keep == [True, True, True, True, False, False, True, True]
-    assert tools.segments(g, keep)[0] == [[4], [5]]
+    assert layers.segments(g, keep)[0] == [[4], [5]]
     s, r = run(g, "recompute-speed")
     # B7 reads X6 (kept); B6 (concat) reads nothing; B5 and B4 read their
     # outputs: relu5 then relu4 are recomputed, once each.
@@ -179,7 +179,7 @@ def test_speed_versus_memory_centric():
 def test_sqrt_n_chain():
     g = _bn_relu_chain()
     # candidates: conv1, conv6 (m=2, stride round(sqrt 2) = 1): all kept, as cost-aware
-    assert sum(tools.checkpoints(g)) == 4
+    assert sum(layers.checkpoints(g)) == 4
     from snsim.policies.sqrt_n import sqrt_n_keep
     assert sqrt_n_keep(g) == [True, True, False, False, False, False, True, True]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from snsim import synth
 from snsim.graph import Graph
-from snsim.policies import names, plan, tools
+from snsim.policies import names, plan, replay
 from snsim.policies.base import PlanContext
 from snsim.schedule import verify
 from snsim.sim import simulate
@@ -70,7 +70,7 @@ def test_dynamic_policies_fit_the_lower_bound(seed, n):
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10**6), n=st.integers(3, 24), frac=st.floats(0.0, 1.0))
 def test_planner_replay_matches_simulator(seed, n, frac):
-    """tools.estimate_ms (what superneurons ranks its candidates by) gives the
+    """replay.estimate_ms (what superneurons ranks its candidates by) gives the
     simulator's iteration time and feasibility; planned_peak its peak when no
     free waits for a copy."""
     g = Graph(synth.random_dag(seed, n))
@@ -80,12 +80,12 @@ def test_planner_replay_matches_simulator(seed, n, frac):
     for p in names():
         s = plan(p, PlanContext(g, budget))
         r = simulate(g, s, budget, record=False)
-        est = tools.estimate_ms(g, s.ops, budget)
+        est = replay.estimate_ms(g, s.ops, budget)
         assert r.feasible == (est < math.inf), p
         if r.feasible:
             assert math.isclose(est, r.iteration_ms, rel_tol=1e-9, abs_tol=1e-9), p
             if r.d2h_bytes == 0:
-                assert tools.planned_peak(g, s.ops)[0] == r.peak_bytes, p
+                assert replay.planned_peak(g, s.ops)[0] == r.peak_bytes, p
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

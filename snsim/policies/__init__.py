@@ -17,7 +17,7 @@ from snsim.policies.base import PlanContext, Planner, PolicyInfo, no_cyclic_gc
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
-_INTERNAL = {"base", "tools", "cache"}  # helpers, not policies
+_INTERNAL = {"base", "cache", "finishing", "layers", "replay", "sequences"}  # helpers
 
 
 def register(name: str, summary: str, order: int = 100) -> Callable[[Planner], Planner]:

@@ -1,7 +1,7 @@
 """The unified tensor pool's LRU cache, planned ahead under a budget.
 
 A helper of the swapping policies, not a policy (the registry skips it).
-It imports :mod:`snsim.policies.tools`, never the other way round.
+It builds on :mod:`snsim.policies.replay` and :mod:`snsim.policies.sequences`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from snsim.graph import Graph, Step, Tensor
-from snsim.policies.tools import Sizes, shortfall, use_positions
+from snsim.policies.replay import Sizes, shortfall
+from snsim.policies.sequences import use_positions
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 _RES, _HOST, _IN = 1, 2, 3

@@ -24,7 +24,9 @@ import math
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import finishing
+from snsim.policies import replay
+from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
@@ -121,7 +123,7 @@ class _DTR:
             unit = self._victim()
             if unit is None:
                 if self.reason is None:
-                    self.reason = "after evicting every evictable tensor, " + tools.shortfall(
+                    self.reason = "after evicting every evictable tensor, " + replay.shortfall(
                         self.g, step, self.level + need - self.cap, self.cap)
                 return
             for t in unit:
@@ -193,7 +195,7 @@ class _DTR:
 
 def plan_dtr_ops(graph: Graph, capacity: int) -> tuple[list[Op], dict, str | None]:
     d = _DTR(graph, capacity)
-    _, frees = tools.use_positions(graph, graph.route)
+    _, frees = sequences.use_positions(graph, graph.route)
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
@@ -206,4 +208,4 @@ def plan_dtr_ops(graph: Graph, capacity: int) -> tuple[list[Op], dict, str | Non
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
 def plan_dtr(ctx: PlanContext) -> Schedule:
     ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes)
-    return tools.finish("dtr", ctx.graph, ops, ctx.budget_bytes, stats, reason)
+    return finishing.finish("dtr", ctx.graph, ops, ctx.budget_bytes, stats, reason)

@@ -7,7 +7,7 @@ is made.
 
 from snsim.policies import register
 from snsim.policies.base import PlanContext
-from snsim.policies.tools import liveness_seq
+from snsim.policies.sequences import liveness_seq
 from snsim.schedule.ops import Op, Schedule
 
 

@@ -2,7 +2,7 @@
 ``cost-aware``.
 
 All three keep only checkpoint outputs after forward (conv, fc, add, concat,
-data, loss, softmax and forks; :func:`tools.checkpoints`) and recompute the
+data, loss, softmax and forks; :func:`layers.checkpoints`) and recompute the
 rest in backward as ``R`` steps; liveness frees everything after its last use.
 They differ per segment (the run of non-checkpoint layers after a checkpoint):
 
@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from snsim.graph import Graph
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import finishing
+from snsim.policies import layers
+from snsim.policies import replay
+from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.liveness import liveness_ops
 from snsim.schedule.ops import Schedule
@@ -36,9 +39,9 @@ from snsim.schedule.ops import Schedule
 
 def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool], dict]:
     """Per layer: speed-centric (True) or memory-centric, and a summary."""
-    segs, _ = tools.segments(graph, keep)
+    segs, _ = layers.segments(graph, keep)
     speed = [True] * graph.n
-    lp = tools.l_peak(graph)
+    lp = layers.l_peak(graph)
     n_speed = 0
     for seg in segs:
         if mode == "speed":
@@ -46,7 +49,7 @@ def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool]
         elif mode == "memory":
             fast = False
         else:
-            fast = sum(tools.layer_fwd_bytes(graph, i) for i in seg) <= lp
+            fast = sum(layers.layer_fwd_bytes(graph, i) for i in seg) <= lp
         n_speed += fast
         for i in seg:
             speed[i] = fast
@@ -57,24 +60,24 @@ def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool]
 def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> Schedule:
     g = ctx.graph
     speed, stats = segment_modes(g, keep, mode)
-    ops = tools.liveness_seq(g, tools.recompute_sequence(g, keep, speed))
+    ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, keep, speed))
     base = liveness_ops(g)
-    if tools.planned_peak(g, ops)[0] > tools.planned_peak(g, base)[0]:
+    if replay.planned_peak(g, ops)[0] > replay.planned_peak(g, base)[0]:
         ops, stats = base, {**stats, "fallback": "liveness"}   # note 2
-    return tools.finish(name, g, ops, ctx.budget_bytes, stats)
+    return finishing.finish(name, g, ops, ctx.budget_bytes, stats)
 
 
 @register("recompute-speed", "recompute non-checkpoint layers once per segment", order=40)
 def plan_speed(ctx: PlanContext) -> Schedule:
-    return plan_recompute("recompute-speed", ctx, tools.checkpoints(ctx.graph), "speed")
+    return plan_recompute("recompute-speed", ctx, layers.checkpoints(ctx.graph), "speed")
 
 
 @register("recompute-memory", "recompute each segment from its checkpoint per backward step",
           order=41)
 def plan_memory(ctx: PlanContext) -> Schedule:
-    return plan_recompute("recompute-memory", ctx, tools.checkpoints(ctx.graph), "memory")
+    return plan_recompute("recompute-memory", ctx, layers.checkpoints(ctx.graph), "memory")
 
 
 @register("cost-aware", "speed- or memory-centric recomputation per segment by l_peak", order=42)
 def plan_cost_aware(ctx: PlanContext) -> Schedule:
-    return plan_recompute("cost-aware", ctx, tools.checkpoints(ctx.graph), "cost")
+    return plan_recompute("cost-aware", ctx, layers.checkpoints(ctx.graph), "cost")

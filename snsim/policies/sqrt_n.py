@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import layers
 from snsim.policies.base import PlanContext
 from snsim.policies.recompute import plan_recompute
 from snsim.schedule.ops import Schedule
 
 
 def sqrt_n_keep(graph) -> list[bool]:
-    ckpt = tools.checkpoints(graph)
+    ckpt = layers.checkpoints(graph)
     n = graph.n
     cands = [i for i in range(1, n - 1) if ckpt[i] and graph.layers[i].kind != "data"]
     stride = max(1, round(math.sqrt(len(cands))))

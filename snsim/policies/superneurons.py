@@ -13,7 +13,7 @@ Note 3 (how much recomputation).  The paper's runtime recomputes every
 non-checkpoint layer whatever the memory; it then cannot reach its own
 "leading speed" when memory is plentiful.  This planner knows the budget and
 the route, so it plans candidates and keeps the fastest that fits
-(estimated with :func:`tools.estimate_ms`, the simulator's rules): no
+(estimated with :func:`replay.estimate_ms`, the simulator's rules): no
 recomputation (the cache alone) and cost-aware recomputation; only if neither
 fits, all segments memory-centric (least memory; on the benchmark networks it
 never ran faster than cost-aware, so it is not planned otherwise).  A plan
@@ -37,7 +37,10 @@ from typing import NamedTuple
 
 from snsim.graph import Graph
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import finishing
+from snsim.policies import layers
+from snsim.policies import replay
+from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.recompute import segment_modes
 from snsim.policies.utp import checkpoint_cache
@@ -62,7 +65,7 @@ def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
         seq, seg_stats = list(graph.route), {}
     else:
         speed, seg_stats = segment_modes(graph, keep, "cost" if kind == "cost-aware" else "memory")
-        seq = tools.recompute_sequence(graph, keep, speed)
+        seq = sequences.recompute_sequence(graph, keep, speed)
     cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True, ahead=AHEAD)
     ops = cache.run()
     return ops, {**seg_stats, **cache.stats()}, cache.reason
@@ -73,7 +76,7 @@ def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
 def plan_superneurons(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     cap = ctx.capacity_bytes
-    keep = tools.checkpoints(g)
+    keep = layers.checkpoints(g)
     best: _Plan | None = None
     for kind in CANDIDATES:
         if kind == "memory-centric" and best.reason is None:
@@ -82,11 +85,11 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
         if reason is None and kind == "cache-only" and stats["evictions"] == 0:
             best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
             break
-        ms = math.inf if reason else tools.estimate_ms(g, ops, cap)
+        ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
         if best is None or ms < best.ms:   # the first infeasible one if none fits
             best = _Plan(ms, kind, ops, stats, reason)
     stats = {"plan": best.kind, **best.stats}
     if 0 < best.ms < math.inf:
         stats["estimated_ms"] = round(best.ms, 6)
     ops, reason = best.ops, best.reason
-    return tools.finish("superneurons", g, ops, ctx.budget_bytes, stats, reason)
+    return finishing.finish("superneurons", g, ops, ctx.budget_bytes, stats, reason)

@@ -7,7 +7,7 @@ checkpoint outputs are evicted (copied to the host, then freed), as the paper
 offloads those; other activations only when evicting every checkpoint output
 is not enough (without them ResNet-50 stays above 1.2x its lower bound: a
 residual branch's bn output and a pool's indices).  Before each checkpoint step
-(:func:`tools.checkpoints`: conv, fc, add, concat, data, loss, forks), evicted
+(:func:`layers.checkpoints`: conv, fc, add, concat, data, loss, forks), evicted
 tensors needed up to the next checkpoint step are prefetched, one checkpoint
 ahead, so the copy overlaps compute; anything still missing when a step needs
 it is fetched on demand and waited for (a stall).  Everything else follows
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from snsim.graph import Graph
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import finishing
+from snsim.policies import layers
 from snsim.policies.base import PlanContext
 from snsim.policies.cache import CachePlanner
 from snsim.schedule.ops import Schedule
@@ -39,7 +40,7 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
                      ahead: int = 1) -> CachePlanner:
     """A :class:`CachePlanner` over all activations, prefetching at
     checkpoint steps (``ahead`` checkpoints ahead); ``run()`` it to get the ops."""
-    ckpt = tools.checkpoints(graph)
+    ckpt = layers.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
     return CachePlanner(graph, seq, capacity,
                               evictable=None,
@@ -56,4 +57,4 @@ def plan_utp(ctx: PlanContext, release: bool = False, offload_all: bool = False)
                              offload_all=offload_all)
     ops = cache.run()
     stats = {**cache.stats(), "mode": "release" if release else "paper"}
-    return tools.finish("utp", g, ops, ctx.budget_bytes, stats, cache.reason)
+    return finishing.finish("utp", g, ops, ctx.budget_bytes, stats, cache.reason)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from snsim.graph import Graph
 from snsim.policies import register
-from snsim.policies import tools
+from snsim.policies import finishing
+from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
@@ -23,7 +24,7 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
     n, route = graph.n, graph.route
     size = graph.size
     last = graph.last_use
-    uses, frees = tools.use_positions(graph, route)
+    uses, frees = sequences.use_positions(graph, route)
     # Tensors to move: X_j read by backward and input of a chosen consumer.
     moved: set = set()
     first_consumer: dict[int, list] = {}
@@ -82,10 +83,10 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
 @register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead", order=20)
 def plan_vdnn_all(ctx: PlanContext) -> Schedule:
     ops, stats = vdnn_ops(ctx.graph, conv_only=False)
-    return tools.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
+    return finishing.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
 
 
 @register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead", order=21)
 def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
     ops, stats = vdnn_ops(ctx.graph, conv_only=True)
-    return tools.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)
+    return finishing.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)

@@ -32,7 +32,6 @@ preallocated host buffer, and ``source.link`` says exactly that.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable
 
 import torch

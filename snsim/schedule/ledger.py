@@ -19,7 +19,7 @@ that names the op), and returns one :data:`Effect` per op:
 Every interpreter reads memory through these effects: the verifier
 (``walk`` itself), the simulator (adds simpy time, copy engines and waiting
 for memory), the planners' replay (:func:`planned_peak`, and
-``policies.tools.estimate_ms`` which adds the same time rules without
+``snsim.policies.replay.estimate_ms``, which adds the same time rules without
 simpy).  A new op kind or a new aliasing rule (a tensor that shares another
 one's storage) is written here once.
 """

@@ -1,0 +1,22 @@
+"""The last step of every planner: its ops as a :class:`Schedule`, with the
+recompute counters added to its statistics.  A helper of the policies, not a
+policy (the registry skips it).
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph
+from snsim.schedule.ops import Compute, Op, Schedule
+
+
+def recompute_stats(graph: Graph, ops: list[Op]) -> dict:
+    rs = [op for op in ops if type(op) is Compute and op.phase == "R"]
+    return {"recomputed_layers": len(rs),
+            "recompute_planned_ms": round(sum(graph.step_ms(op.step, op.algo) for op in rs), 6)}
+
+
+def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,
+           reason: str | None = None) -> Schedule:
+    """A schedule with the recompute counters added to ``stats``."""
+    stats = {**stats, **recompute_stats(graph, ops)}
+    return Schedule(name, ops, budget, stats, reason)

@@ -1,0 +1,73 @@
+"""SuperNeurons' layer classes (DESIGN section 3): checkpoints, segments, ``l_peak``.
+
+A helper of the policies, not a policy (the registry skips it).
+"""
+
+from __future__ import annotations
+
+from snsim.graph import Graph
+
+
+CHECKPOINT_KINDS = frozenset({"conv", "fc", "add", "concat", "data", "loss", "softmax"})
+
+
+def checkpoints(graph: Graph) -> list[bool]:
+    """SuperNeurons' checkpoint layers: conv, fc, add, concat, data, loss,
+    softmax, the last layer, and any layer with several consumers (a fork)."""
+    n = graph.n
+    return [layer.kind in CHECKPOINT_KINDS or len(graph.consumers[i]) > 1 or i == n - 1
+            for i, layer in enumerate(graph.layers)]
+
+
+def segments(graph: Graph, keep: list[bool]) -> tuple[list[list[int]], list[int]]:
+    """Segments: connected runs of dropped (not kept) layers.
+
+    Returns the segments (layer ids in forward order) and ``seg_of`` (segment
+    index per layer, -1 for kept layers).  With SuperNeurons' checkpoints a
+    dropped layer has at most one consumer, so a segment is the run of layers
+    after a checkpoint along one branch, up to the next checkpoint.
+    """
+    parent = list(range(graph.n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for layer in graph.layers:
+        if keep[layer.id]:
+            continue
+        for j in layer.inputs:
+            if not keep[j]:
+                parent[find(j)] = find(layer.id)
+    index: dict[int, int] = {}
+    segs: list[list[int]] = []
+    seg_of = [-1] * graph.n
+    for i in range(graph.n):
+        if keep[i]:
+            continue
+        r = find(i)
+        if r not in index:
+            index[r] = len(segs)
+            segs.append([])
+        seg_of[i] = index[r]
+        segs[index[r]].append(i)
+    return segs, seg_of
+
+
+def layer_bwd_bytes(graph: Graph, i: int) -> int:
+    """``l_i``: bytes B_i needs and allocates plus its workspace (no params)."""
+    step = ("B", i)
+    return graph.step_bytes(step) + graph.workspace_bytes(step)
+
+
+def layer_fwd_bytes(graph: Graph, i: int) -> int:
+    """Forward memory of a layer: inputs, output, saved extras, workspace."""
+    step = ("F", i)
+    return graph.step_bytes(step) + graph.workspace_bytes(step)
+
+
+def l_peak(graph: Graph) -> int:
+    """``l_peak = max l_i`` over the route's backward steps."""
+    return max((layer_bwd_bytes(graph, i) for p, i in graph.route if p == "B"), default=0)

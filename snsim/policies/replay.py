@@ -1,0 +1,116 @@
+"""The simulator's memory and time rules replayed without simpy, for planners
+that choose between plans (a policy never imports the simulator).
+
+Memory per op is the ledger's (:mod:`snsim.schedule.ledger`); this module
+adds the copy engines' and the compute stream's time.  A helper of the
+policies, not a policy (the registry skips it).
+
+Note 1 (frees and the budget).  The simulator releases a freed tensor whose
+offload is still copying when the copy ends, and an allocation that does not
+fit waits for such frees.  A planner may therefore count every ``Free`` as
+immediate: whatever fits in the planner's count fits in the simulator once
+the copies under way have ended (the wait is a stall, not a failure).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from snsim.graph import Graph, Step, step_name, tensor_name
+from snsim.schedule import ledger
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+from snsim.units import fmt_bytes
+
+
+def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
+                 ) -> tuple[int, str | None]:
+    """Peak level of ``ops`` counting frees as immediate (note 1), and why the
+    first op that does not fit ``capacity`` does not (None if all fit)."""
+    peak, first = ledger.planned_peak(graph, ops, capacity)
+    if first is None:
+        return peak, None
+    op = ops[first]
+    if type(op) is Compute:
+        level = ledger.planned_peak(graph, ops[:first + 1])[0]
+        return peak, shortfall(graph, op.step, level - capacity, capacity)
+    return peak, (f"prefetch of {tensor_name(op.tensor)} does not fit the "
+                  f"{fmt_bytes(capacity)} budget")
+
+
+def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
+    return (f"step {step_name(step)} ({graph.layers[step[1]].name}) is {short} bytes "
+            f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
+
+
+def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
+    """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
+    "Time"), without simpy; ``inf`` when an allocation can never fit.  Memory
+    per op is the ledger's (:func:`snsim.schedule.ledger.walk`)."""
+    size = Sizes(graph)
+    layers = graph.layers
+    dev = graph.trace.device
+    d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
+    now = d2h = h2d = 0.0
+    level = graph.trace.static_bytes
+    off_done: dict = {}
+    in_done: dict = {}
+    pending: list = []   # (time, bytes) of frees under way
+    heappop = heapq.heappop
+
+    def fit(need: int) -> bool:
+        nonlocal now, level
+        while pending and pending[0][0] <= now:
+            level -= heappop(pending)[1]
+        while level + need > capacity:
+            if not pending:
+                return False
+            t, b = heappop(pending)
+            now = max(now, t)
+            level -= b
+        return True
+
+    for op, (_, nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False)):
+        tp = type(op)
+        if tp is Compute:
+            if level + nb + ws > capacity and not fit(nb + ws):
+                return math.inf
+            level += nb
+            if op.algo:
+                now += graph.step_ms(op.step, op.algo)
+            else:
+                layer = layers[op.layer]
+                now += layer.bwd_ms if op.phase == "B" else layer.fwd_ms
+        elif tp is Free:
+            done = off_done.get(op.tensor, 0.0)
+            if done > now:
+                heapq.heappush(pending, (done, freed))
+            else:
+                level -= freed
+        elif tp is Offload:
+            d2h = max(d2h, now) + size[op.tensor] * d2h_ms
+            off_done[op.tensor] = d2h
+        elif tp is Prefetch:
+            t = op.tensor
+            if level + nb > capacity and not fit(nb):
+                return math.inf
+            level += nb
+            h2d = max(h2d, now, off_done.get(t, 0.0)) + nb * h2d_ms
+            in_done[t] = h2d
+        elif tp is Wait:
+            t = op.tensor
+            done = in_done.pop(t, None)
+            now = max(now, off_done.get(t, 0.0) if done is None else done)
+    return max(now, d2h, h2d)
+
+
+class Sizes(dict):
+    """Tensor sizes of one graph, filled on first use."""
+
+    def __init__(self, graph: Graph):
+        super().__init__()
+        self.size = graph.size
+
+    def __missing__(self, t):
+        b = self[t] = self.size(t)
+        return b

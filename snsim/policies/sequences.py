@@ -1,0 +1,95 @@
+"""Step sequences: the route with recomputed forwards, and liveness frees on any sequence.
+
+:func:`recompute_sequence` turns a keep/drop decision into the route with
+recomputed forwards (``R`` steps) inserted; :func:`liveness_seq` adds a
+:class:`Free` after each tensor's last use on any such step sequence.  A
+helper of the policies, not a policy (the registry skips it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from snsim.graph import Graph, Step, Tensor
+from snsim.schedule.ops import Compute, Free, Op
+
+
+def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
+    """The route with ``R`` steps inserted for dropped layers.
+
+    A dropped layer's output (and saved extras) is freed after its forward
+    uses; before a backward step that needs it, it is recomputed from the
+    nearest kept ancestors (recursively through dropped inputs).  Per layer,
+    ``speed[i]`` says how long a recomputed tensor is reused: speed-centric
+    keeps it for every later step (each layer recomputed at most once),
+    memory-centric only while the next route step needs it too (so the
+    segment is re-run from its checkpoint for each backward step).
+    """
+    n = graph.n
+    seq: list[Step] = [("F", i) for i in range(n)]
+    kept: set[int] = set()    # speed-centric layers recomputed: reused to the end
+    avail: set[int] = set()   # memory-centric ones reusable for the next step only
+    needs = graph.needs
+    layers = graph.layers
+    back = graph.route[n:]
+
+    def ensure(j: int) -> None:
+        # Recompute j after its dropped inputs (depth-first, iteratively: a run
+        # of dropped layers can be longer than Python's recursion limit).
+        stack = [(j, False)]
+        while stack:
+            k, inputs_done = stack.pop()
+            if k in kept or k in avail:
+                continue
+            if inputs_done:
+                seq.append(("R", k))
+                (kept if speed[k] else avail).add(k)
+                continue
+            stack.append((k, True))
+            stack.extend((x, False) for x in reversed(layers[k].inputs) if not keep[x])
+
+    for k, step in enumerate(back):
+        for t in needs(step):
+            if t[0] != "G" and not keep[t[1]]:
+                ensure(t[1])
+        seq.append(step)
+        if avail:
+            nxt = {t[1] for t in needs(back[k + 1]) if t[0] != "G"} if k + 1 < len(back) else ()
+            avail = {j for j in avail if j in nxt}
+    return seq
+
+
+def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor]]]:
+    """Positions where each tensor is needed or allocated, and liveness frees.
+
+    Returns ``uses`` (tensor -> sorted positions) and ``frees`` (position ->
+    tensors whose current instance is last used there: a tensor that is
+    allocated again later is freed after its last use before that).
+    """
+    needs, allocs = graph.needs_map, graph.allocs_map
+    uses: dict[Tensor, list[int]] = defaultdict(list)
+    last: dict[Tensor, int] = {}
+    frees: list[list[Tensor]] = [[] for _ in seq]
+    for p, step in enumerate(seq):
+        for t in needs[step]:
+            last[t] = p
+            uses[t].append(p)
+        for t in allocs[step]:
+            q = last.get(t)
+            if q is not None and q != p:
+                frees[q].append(t)
+            last[t] = p
+            uses[t].append(p)
+    for t, q in last.items():
+        frees[q].append(t)
+    return uses, frees
+
+
+def liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
+    """Compute each step of ``seq`` and free each tensor after its last use."""
+    _, frees = use_positions(graph, seq)
+    ops: list[Op] = []
+    for p, (phase, i) in enumerate(seq):
+        ops.append(Compute(phase, i))
+        ops.extend(Free(t) for t in frees[p])
+    return ops
