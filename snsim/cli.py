@@ -35,7 +35,16 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool):
     from snsim.schedule import verify
     from snsim.sim import simulate
 
+    from snsim.policies.base import trace_features
+
     names = policies.names() if policy == "all" else [policies.get(policy).name]
+    if policy == "all":  # only the policies this trace can be planned with
+        have = trace_features(graph)
+        skipped = [n for n in names if policies.get(n).needs - have]
+        if skipped:
+            print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, which "
+                  f"{graph.trace.label} has none of", file=sys.stderr)
+        names = [n for n in names if n not in skipped]
     ctx = PlanContext(graph, budget)
     results = []
     for name in names:

@@ -23,7 +23,7 @@ from snsim.policies import layers
 from snsim.policies.base import PlanContext
 from snsim.policies.utp import plan_utp
 from snsim.schedule import verify
-from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Wait
+from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 from snsim.sim import simulate
 from snsim.trace.model import Device, Layer, Trace, Workspace
 
@@ -327,3 +327,53 @@ def test_long_runs_of_dropped_layers_do_not_recurse():
     for p in ("sqrt-n", "dtr", "utp"):
         s, r = run(g, p, g.lower_bound_bytes + 1000)
         assert r.feasible or s.infeasible_reason or r.reason, p
+
+
+def test_policies_declare_the_trace_features_they_need(tmp_path):
+    """A forward-only trace (no layer requires grad): policies that recompute or
+    swap for backward refuse it in one line; liveness and dtr plan it."""
+    from conftest import L, make
+
+    from snsim.errors import PolicyError
+    from snsim.policies import get, plan
+    from snsim.policies.base import PlanContext, trace_features
+
+    fwd = make([L(0, "data", [], 100), L(1, "act", [0], 100, fwd=1.0, bwd=1.0, reads=["output"]),
+                L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"])], "fwd-only")
+    g = Graph(fwd)
+    assert trace_features(g) == frozenset() and len(g.route) == 3
+    needy = {"vdnn-all", "vdnn-conv", "recompute-speed", "recompute-memory", "cost-aware",
+             "sqrt-n", "superneurons"}
+    assert {n for n in names() if get(n).needs} == needy
+    for name in needy:
+        with pytest.raises(PolicyError, match=f"policy {name} needs a trace with a backward pass"):
+            plan(name, PlanContext(g))
+    for name in set(names()) - needy:
+        verify(g, plan(name, PlanContext(g)))
+
+
+def test_dtr_heuristics_are_pluggable():
+    from conftest import L, make
+
+    from snsim.policies.dtr import HEURISTICS, plan_dtr_ops
+
+    assert set(HEURISTICS) == {"dtr", "lru", "size", "msps"}
+    layers_ = [L(0, "data", [], 100), L(1, "conv", [0], 100, params=4, fwd=1.0, bwd=2.0,
+                                           reads=["inputs"])]
+    layers_ += [L(i, "act", [i - 1], 100 * i, fwd=float(i), bwd=1.0, reads=["output"])
+                for i in range(2, 8)]
+    layers_.append(L(8, "loss", [7], 4, fwd=0.5, bwd=0.5, reads=["inputs"]))
+    g = Graph(make(layers_, "chain9"))
+    cap = g.lower_bound_bytes + 200
+    plans = {}
+    for h in HEURISTICS:
+        ops, stats, reason = plan_dtr_ops(g, cap, heuristic=h)
+        assert reason is None and stats["evictions"] > 0, h
+        verify(g, Schedule("dtr-" + h, ops))
+        plans[h] = ops
+    assert len({tuple(map(str, ops)) for ops in plans.values()}) > 1  # the score decides
+    with pytest.raises(ValueError, match="unknown DTR heuristic 'x'"):
+        plan_dtr_ops(g, 600, heuristic="x")
+    # the heuristic decides the victim: lru evicts the stalest, size the largest
+    assert HEURISTICS["lru"](5.0, 10, 2.0) > HEURISTICS["lru"](5.0, 10, 4.0)
+    assert HEURISTICS["size"](1.0, 10, 1.0) > HEURISTICS["size"](1.0, 20, 1.0)

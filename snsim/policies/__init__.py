@@ -13,20 +13,30 @@ import pkgutil
 from typing import Callable
 
 from snsim.errors import PolicyError
-from snsim.policies.base import PlanContext, Planner, PolicyInfo, no_cyclic_gc
+from snsim.policies.base import (FEATURES, PlanContext, Planner, PolicyInfo, no_cyclic_gc,
+                                 trace_features)
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
 _INTERNAL = {"base", "cache", "finishing", "layers", "replay", "sequences"}  # helpers
 
 
-def register(name: str, summary: str, order: int = 100) -> Callable[[Planner], Planner]:
-    """Class or function decorator: make ``planner`` available as policy ``name``."""
+def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = ()
+             ) -> Callable[[Planner], Planner]:
+    """Class or function decorator: make ``planner`` available as policy ``name``.
+
+    ``needs`` names the trace features (:data:`base.FEATURES`) it cannot plan
+    without; :func:`plan` refuses a trace that lacks one, in one line.
+    """
+    unknown = set(needs) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"policy {name!r} needs unknown features {sorted(unknown)}")
 
     def deco(planner: Planner) -> Planner:
         if name in _REGISTRY and _REGISTRY[name].planner is not planner:
             raise ValueError(f"policy {name!r} registered twice")
-        _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order)
+        _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order,
+                                     needs=frozenset(needs))
         return planner
 
     return deco
@@ -58,10 +68,17 @@ def get(name: str) -> PolicyInfo:
 
 
 def plan(name: str, ctx: PlanContext):
-    """Plan ``ctx`` with policy ``name`` and return its schedule."""
-    planner = get(name).planner
+    """Plan ``ctx`` with policy ``name`` and return its schedule.
+
+    :class:`PolicyError` (one line) if the trace lacks a feature the policy needs.
+    """
+    info = get(name)
+    missing = info.needs - trace_features(ctx.graph)
+    if "backward" in missing:
+        raise PolicyError(f"policy {name} needs a trace with a backward pass, and no layer "
+                          f"of {ctx.graph.trace.label} requires grad")
     with no_cyclic_gc():
-        return planner(ctx)
+        return info.planner(ctx)
 
 
 __all__ = ["register", "names", "get", "plan", "PlanContext", "PolicyInfo"]

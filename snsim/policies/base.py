@@ -32,12 +32,26 @@ class PlanContext:
 Planner = Callable[[PlanContext], Schedule]
 
 
+# Trace features a policy may need (simrd's policies declare theirs the same way):
+#   "backward": a route with backward steps (some layer requires grad).
+FEATURES = ("backward",)
+
+
+def trace_features(graph: Graph) -> frozenset[str]:
+    """The :data:`FEATURES` that ``graph``'s trace has."""
+    have = set()
+    if len(graph.route) > graph.forward_end:
+        have.add("backward")
+    return frozenset(have)
+
+
 @dataclass(frozen=True)
 class PolicyInfo:
     name: str
     summary: str
     planner: Planner
     order: int = 100
+    needs: frozenset[str] = frozenset()   # trace features it cannot plan without
 
 
 @contextlib.contextmanager

@@ -16,11 +16,18 @@ a tensor whose recomputation would re-run more than ``CHAIN`` layers is not
 a candidate.
 Gradients and the data layer's output are never evicted.  Without a budget
 tighter than the liveness peak nothing is evicted: the plan is liveness.
+
+The eviction score is pluggable (:data:`HEURISTICS`, ``plan_dtr_ops(...,
+heuristic=name)``), as DTR's paper compares several: ``dtr`` (the policy's
+own, cost / (size x staleness)), ``lru`` (1 / staleness), ``size`` (1 /
+size: the largest first) and ``msps`` (cost / size: memory saved per
+second of recompute, no staleness).  The smallest score is evicted.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies import register
@@ -38,9 +45,19 @@ SAMPLE = 32
 CHAIN = 8
 
 
+# score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
+Heuristic = Callable[[float, int, float], float]
+HEURISTICS: dict[str, Heuristic] = {
+    "dtr": lambda cost, size, stale: cost / (size * stale),
+    "lru": lambda cost, size, stale: 1.0 / stale,
+    "size": lambda cost, size, stale: 1.0 / size,
+    "msps": lambda cost, size, stale: cost / size,
+}
+
+
 class _DTR:
-    def __init__(self, graph: Graph, capacity: int):
-        self.g, self.cap = graph, capacity
+    def __init__(self, graph: Graph, capacity: int, score: Heuristic):
+        self.g, self.cap, self.score = graph, capacity, score
         self.level = graph.trace.static_bytes
         self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
         self.pins: dict[Tensor, int] = {}
@@ -80,7 +97,7 @@ class _DTR:
             if size <= 0:
                 continue
             cost = self._cost(j, memo)
-            h = cost / (size * (self.clock - seen + 1e-3))
+            h = self.score(cost, size, self.clock - seen + 1e-3)
             if best_h is None or h < best_h:
                 best, best_h = unit, h
         return best
@@ -193,8 +210,15 @@ class _DTR:
                     self.free(u)
 
 
-def plan_dtr_ops(graph: Graph, capacity: int) -> tuple[list[Op], dict, str | None]:
-    d = _DTR(graph, capacity)
+def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr"
+                 ) -> tuple[list[Op], dict, str | None]:
+    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`)."""
+    try:
+        score = HEURISTICS[heuristic]
+    except KeyError:
+        raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
+                         + ", ".join(HEURISTICS)) from None
+    d = _DTR(graph, capacity, score)
     _, frees = sequences.use_positions(graph, graph.route)
     for p, step in enumerate(graph.route):
         d.pos = p

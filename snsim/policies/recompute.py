@@ -67,17 +67,19 @@ def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> 
     return finishing.finish(name, g, ops, ctx.budget_bytes, stats)
 
 
-@register("recompute-speed", "recompute non-checkpoint layers once per segment", order=40)
+@register("recompute-speed", "recompute non-checkpoint layers once per segment",
+          order=40, needs=("backward",))
 def plan_speed(ctx: PlanContext) -> Schedule:
     return plan_recompute("recompute-speed", ctx, layers.checkpoints(ctx.graph), "speed")
 
 
 @register("recompute-memory", "recompute each segment from its checkpoint per backward step",
-          order=41)
+          order=41, needs=("backward",))
 def plan_memory(ctx: PlanContext) -> Schedule:
     return plan_recompute("recompute-memory", ctx, layers.checkpoints(ctx.graph), "memory")
 
 
-@register("cost-aware", "speed- or memory-centric recomputation per segment by l_peak", order=42)
+@register("cost-aware", "speed- or memory-centric recomputation per segment by l_peak",
+          order=42, needs=("backward",))
 def plan_cost_aware(ctx: PlanContext) -> Schedule:
     return plan_recompute("cost-aware", ctx, layers.checkpoints(ctx.graph), "cost")

@@ -34,7 +34,8 @@ def sqrt_n_keep(graph) -> list[bool]:
     return keep
 
 
-@register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once", order=45)
+@register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once",
+          order=45, needs=("backward",))
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
     keep = sqrt_n_keep(ctx.graph)
     s = plan_recompute("sqrt-n", ctx, keep, "speed")

@@ -80,13 +80,15 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
     return ops, stats
 
 
-@register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead", order=20)
+@register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead",
+          order=20, needs=("backward",))
 def plan_vdnn_all(ctx: PlanContext) -> Schedule:
     ops, stats = vdnn_ops(ctx.graph, conv_only=False)
     return finishing.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
 
 
-@register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead", order=21)
+@register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead",
+          order=21, needs=("backward",))
 def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
     ops, stats = vdnn_ops(ctx.graph, conv_only=True)
     return finishing.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)
