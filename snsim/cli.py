@@ -42,8 +42,8 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool):
         have = trace_features(graph)
         skipped = [n for n in names if policies.get(n).needs - have]
         if skipped:
-            print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, which "
-                  f"{graph.trace.label} has none of", file=sys.stderr)
+            print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, and "
+                  f"{graph.trace.label} is forward-only", file=sys.stderr)
         names = [n for n in names if n not in skipped]
     ctx = PlanContext(graph, budget)
     results = []

@@ -330,18 +330,21 @@ def test_long_runs_of_dropped_layers_do_not_recurse():
 
 
 def test_policies_declare_the_trace_features_they_need(tmp_path):
-    """A forward-only trace (no layer requires grad): policies that recompute or
-    swap for backward refuse it in one line; liveness and dtr plan it."""
+    """A forward-only trace (its source says so): policies that recompute or
+    swap for backward refuse it in one line; the others plan it."""
     from conftest import L, make
 
     from snsim.errors import PolicyError
     from snsim.policies import get, plan
     from snsim.policies.base import PlanContext, trace_features
 
-    fwd = make([L(0, "data", [], 100), L(1, "act", [0], 100, fwd=1.0, bwd=1.0, reads=["output"]),
-                L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"])], "fwd-only")
-    g = Graph(fwd)
-    assert trace_features(g) == frozenset() and len(g.route) == 3
+    import dataclasses
+
+    base = make([L(0, "data", [], 100), L(1, "act", [0], 100, fwd=1.0, bwd=1.0, reads=["output"]),
+                 L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"])], "fwd-only")
+    assert trace_features(Graph(base)) == {"backward"}
+    g = Graph(dataclasses.replace(base, source={**base.source, "forward_only": True}))
+    assert trace_features(g) == frozenset()
     needy = {"vdnn-all", "vdnn-conv", "recompute-speed", "recompute-memory", "cost-aware",
              "sqrt-n", "superneurons"}
     assert {n for n in names() if get(n).needs} == needy

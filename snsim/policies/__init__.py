@@ -75,8 +75,8 @@ def plan(name: str, ctx: PlanContext):
     info = get(name)
     missing = info.needs - trace_features(ctx.graph)
     if "backward" in missing:
-        raise PolicyError(f"policy {name} needs a trace with a backward pass, and no layer "
-                          f"of {ctx.graph.trace.label} requires grad")
+        raise PolicyError(f"policy {name} needs a trace with a backward pass, and "
+                          f"{ctx.graph.trace.label} is forward-only (its source says so)")
     with no_cyclic_gc():
         return info.planner(ctx)
 

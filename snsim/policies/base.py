@@ -33,14 +33,16 @@ Planner = Callable[[PlanContext], Schedule]
 
 
 # Trace features a policy may need (simrd's policies declare theirs the same way):
-#   "backward": a route with backward steps (some layer requires grad).
+#   "backward": the trace models a backward pass.  A trace whose ``source``
+#   says ``"forward_only": true`` (an op log replayed as one sequence, say)
+#   does not: a policy that offloads or recomputes *for backward* cannot plan it.
 FEATURES = ("backward",)
 
 
 def trace_features(graph: Graph) -> frozenset[str]:
     """The :data:`FEATURES` that ``graph``'s trace has."""
     have = set()
-    if len(graph.route) > graph.forward_end:
+    if not graph.trace.source.get("forward_only"):
         have.add("backward")
     return frozenset(have)
 
