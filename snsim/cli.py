@@ -22,11 +22,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"snsim: error: {message} (see '{self.prog} --help')\n")
 
 
-def _load(path: str):
+def _load(path: str, device: str | None = None):
     from snsim.graph import Graph
     from snsim.trace import load
 
-    return Graph(load(path))
+    if device is not None:
+        from snsim import devices
+
+        devices.get(device)  # an unknown preset is refused before the trace is read
+    trace = load(path)
+    if device is not None:
+        from snsim.whatif import retarget
+
+        trace, note = retarget(trace, device)
+        if note:
+            print(f"snsim: note: {note}", file=sys.stderr)
+    return Graph(trace)
 
 
 def _run_policies(graph, policy: str, budget: int | None, record: bool):
@@ -65,11 +76,12 @@ def cmd_simulate(args) -> int:
     for out in (args.timeline, args.chrome_trace):
         if out:
             check_writable(out)  # fail before the work, not after it
-    graph = _load(args.trace)
+    graph = _load(args.trace, args.device)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record)
-    config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget}
+    config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
+              "device": args.device}
     prov = provenance(config)
     if args.timeline:
         from snsim.plots.timeline import plot_timeline
@@ -163,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="memory budget: 12GiB, 12GB, 512MiB, bytes, or 1.05xlb "
                    "(a multiple of the lower bound); default: the trace device's memory")
     p.add_argument("--json", action="store_true", help="print exactly the JSON result")
+    p.add_argument("--device", metavar="PRESET",
+                   help="what-if on another device preset (snsim profile --list-device-models): "
+                   "its memory and host link; a modeled trace's step times re-priced from its "
+                   "kernels, other traces' kept (a note says so)")
     p.add_argument("--timeline", metavar="FILE.png", help="plot memory over the iteration")
     p.add_argument("--chrome-trace", metavar="FILE.json",
                    help="write compute and copy streams in Chrome trace format (Perfetto)")

@@ -81,6 +81,29 @@ PRESETS: dict[str, DevicePreset] = {p.key: p for p in (
 )}
 
 
+# The roofline of modeled traces (snsim.profile.modeled documents it): each
+# kernel costs max(flops / (EFF_COMPUTE x peak FP32), bytes / (EFF_MEMORY x
+# memory bandwidth)) + T_LAUNCH_S; a layer's step is the sum over its kernels,
+# at least one launch.  Assumptions, not measurements.
+EFF_COMPUTE = 0.6
+EFF_MEMORY = 0.8
+T_LAUNCH_S = 5e-6
+
+
+def kernel_seconds(flops: float, nbytes: int, preset: DevicePreset) -> float:
+    """One kernel's roofline time on ``preset``."""
+    return max(flops / (EFF_COMPUTE * preset.fp32_flops),
+               nbytes / (EFF_MEMORY * preset.mem_Bps)) + T_LAUNCH_S
+
+
+def step_ms(kernels, preset: DevicePreset) -> float:
+    """A step's modeled time in ms from its kernels' ``(flops, bytes)``, summed in order."""
+    seconds = 0.0
+    for flops, nbytes in kernels:
+        seconds += kernel_seconds(flops, nbytes, preset)
+    return max(seconds, T_LAUNCH_S) * 1e3
+
+
 def get(key: str) -> DevicePreset:
     """The preset named ``key``; :class:`SnsimError` listing the choices otherwise."""
     try:

@@ -31,7 +31,7 @@ says so).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,11 +39,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from snsim.torchgraph.capture import LayerOp
-from snsim.devices import DevicePreset
+from snsim.devices import EFF_COMPUTE, EFF_MEMORY, T_LAUNCH_S, DevicePreset, kernel_seconds
 
-EFF_COMPUTE = 0.6
-EFF_MEMORY = 0.8
-T_LAUNCH_S = 5e-6
+__all__ = ["EFF_COMPUTE", "EFF_MEMORY", "T_LAUNCH_S", "Cost", "CostMode", "layer_cost"]
 
 FORMULA = ("t_kernel = max(flops / (0.6 * peak_fp32), bytes_moved / (0.8 * mem_Bps)) + 5 us; "
            "layer time = sum over its ATen kernels (forward; backward via autograd.grad); "
@@ -61,6 +59,9 @@ class Cost:
     bytes: int = 0
     kernels: int = 0
     seconds: float = 0.0
+    # each kernel's (flops, bytes moved), in dispatch order: what re-prices the
+    # step on another preset (snsim.devices.step_ms, ``simulate --device``)
+    each: list = field(default_factory=list)
 
 
 class CostMode(TorchDispatchMode):
@@ -68,8 +69,7 @@ class CostMode(TorchDispatchMode):
 
     def __init__(self, preset: DevicePreset):
         super().__init__()
-        self.peak = EFF_COMPUTE * preset.fp32_flops
-        self.bw = EFF_MEMORY * preset.mem_Bps
+        self.preset = preset
         self.cost = Cost()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -87,7 +87,8 @@ class CostMode(TorchDispatchMode):
         c.flops += flops
         c.bytes += moved
         c.kernels += 1
-        c.seconds += max(flops / self.peak, moved / self.bw) + T_LAUNCH_S
+        c.seconds += kernel_seconds(flops, moved, self.preset)
+        c.each.append((flops, moved))
         return out
 
 

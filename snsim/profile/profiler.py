@@ -224,7 +224,10 @@ def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
         return {"fwd_ms": 0.0, "bwd_ms": 0.0}
     fwd, bwd = modeled.layer_cost(layer.op, preset, cache)
     t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
-         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops}
+         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops,
+         # each kernel's [flops, bytes]: lets simulate --device re-price the step
+         "fwd_kernels": [[f, b] for f, b in fwd.each],
+         "bwd_kernels": [[f, b] for f, b in bwd.each]}
     if layer.kind == "conv":
         t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
                            "bwd_ms": t["bwd_ms"]}]
@@ -277,6 +280,9 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
     for key in ("fwd_flops", "bwd_flops"):
         if key in t:
             d[key] = int(t[key])
+    for key in ("fwd_kernels", "bwd_kernels"):
+        if key in t:
+            d[key] = [[int(f), int(b)] for f, b in t[key]]
     if "workspace" in t:
         d["workspace"] = [{k: (_r(v) if k.endswith("_ms") else v) for k, v in w.items()}
                           for w in t["workspace"]]
