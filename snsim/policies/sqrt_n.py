@@ -8,6 +8,14 @@ after forward.  A segment is then the run of dropped layers between kept ones
 segment needs once, speed-centric, and liveness frees it (Chen's
 "recompute each segment once").  Static, like the other recompute plans;
 note 2 of :mod:`snsim.policies.recompute` applies.
+
+With a budget (``--budget``), the plan reads it, as Chen et al.'s
+budget-driven search does: if keeping every output (no recomputation) fits,
+nothing is dropped; otherwise the stride is the smallest in
+1 .. round(sqrt(m)) whose plan fits under the simulator's rules
+(:func:`tools.estimate_ms`) -- the least recomputation that fits.  When none
+fits, the default plan (stride round(sqrt(m))) is kept and the simulator
+reports the shortfall.  Without a budget the plan is the static one above.
 """
 
 from __future__ import annotations
@@ -21,11 +29,13 @@ from snsim.policies.recompute import plan_recompute
 from snsim.schedule.ops import Schedule
 
 
-def sqrt_n_keep(graph) -> list[bool]:
+def sqrt_n_keep(graph, stride: int | None = None) -> list[bool]:
+    """Kept layers with ``stride`` (default ``round(sqrt(m))``)."""
     ckpt = tools.checkpoints(graph)
     n = graph.n
     cands = [i for i in range(1, n - 1) if ckpt[i] and graph.layers[i].kind != "data"]
-    stride = max(1, round(math.sqrt(len(cands))))
+    if stride is None:
+        stride = default_stride(graph)
     keep = [layer.kind == "data" for layer in graph.layers]
     keep[n - 1] = True
     for k, i in enumerate(cands):
@@ -34,9 +44,35 @@ def sqrt_n_keep(graph) -> list[bool]:
     return keep
 
 
+def default_stride(graph) -> int:
+    ckpt = tools.checkpoints(graph)
+    m = sum(1 for i in range(1, graph.n - 1) if ckpt[i] and graph.layers[i].kind != "data")
+    return max(1, round(math.sqrt(m)))
+
+
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once", order=45)
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
-    keep = sqrt_n_keep(ctx.graph)
+    g = ctx.graph
+    stride = default_stride(g)
+    keep = sqrt_n_keep(g)
     s = plan_recompute("sqrt-n", ctx, keep, "speed")
+    if ctx.budget_bytes is not None:
+        cap = ctx.budget_bytes
+
+        def fits(plan) -> bool:
+            return math.isfinite(tools.estimate_ms(g, plan.ops, cap))
+
+        whole = plan_recompute("sqrt-n", ctx, [True] * g.n, "speed")
+        if fits(whole):
+            keep, s, stride = [True] * g.n, whole, 0
+        else:
+            # The fitting peak is not monotone in the stride (a longer segment
+            # recomputes more at once), so scan up from 1: least recompute first.
+            for st in range(1, stride):
+                cand = plan_recompute("sqrt-n", ctx, sqrt_n_keep(g, st), "speed")
+                if fits(cand):
+                    keep, s, stride = sqrt_n_keep(g, st), cand, st
+                    break
     s.stats["kept_layers"] = sum(keep)
+    s.stats["stride"] = stride
     return s

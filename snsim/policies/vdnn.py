@@ -12,6 +12,8 @@ not change the plan; the simulator reports a shortfall.
 
 from __future__ import annotations
 
+import math
+
 from snsim.graph import Graph
 from snsim.policies import register
 from snsim.policies import tools
@@ -19,7 +21,8 @@ from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 
-def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
+def vdnn_ops(graph: Graph, conv_only: bool, limit: int | None = None) -> tuple[list[Op], dict]:
+    """vDNN's ops; with ``limit``, only the first ``limit`` movable tensors move."""
     n, route = graph.n, graph.route
     size = graph.size
     last = graph.last_use
@@ -35,6 +38,8 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
         cons = [c for c in graph.consumers[j] if not conv_only or graph.layers[c].kind == "conv"]
         if not cons:
             continue
+        if limit is not None and len(moved) >= limit:
+            break
         moved.add(t)
         first_consumer.setdefault(min(cons), []).append(t)
         fwd_last.setdefault(max(u for u in uses[t] if u < n), []).append(t)
@@ -79,13 +84,31 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
     return ops, stats
 
 
+def plan_vdnn(name: str, ctx: PlanContext, conv_only: bool) -> Schedule:
+    g = ctx.graph
+    ops, stats = vdnn_ops(g, conv_only)
+    if ctx.budget_bytes is not None:
+        cap = ctx.budget_bytes
+        total = stats["offloaded_tensors"]
+        if math.isfinite(tools.estimate_ms(g, ops, cap)):
+            lo, hi = 0, total      # smallest k that fits: binary search
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if math.isfinite(tools.estimate_ms(g, vdnn_ops(g, conv_only, mid)[0], cap)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < total:
+                ops, stats = vdnn_ops(g, conv_only, lo)
+        stats = {**stats, "movable_tensors": total}
+    return tools.finish(name, g, ops, ctx.budget_bytes, stats)
+
+
 @register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead", order=20)
 def plan_vdnn_all(ctx: PlanContext) -> Schedule:
-    ops, stats = vdnn_ops(ctx.graph, conv_only=False)
-    return tools.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
+    return plan_vdnn("vdnn-all", ctx, conv_only=False)
 
 
 @register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead", order=21)
 def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
-    ops, stats = vdnn_ops(ctx.graph, conv_only=True)
-    return tools.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)
+    return plan_vdnn("vdnn-conv", ctx, conv_only=True)
