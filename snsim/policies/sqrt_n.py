@@ -68,10 +68,14 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
         else:
             # The fitting peak is not monotone in the stride (a longer segment
             # recomputes more at once), so scan up from 1: least recompute first.
+            # A copy-free plan fits iff its planned peak (frees immediate) does.
+            every = [True] * g.n
             for st in range(1, stride):
-                cand = plan_recompute("sqrt-n", ctx, sqrt_n_keep(g, st), "speed")
-                if fits(cand):
-                    keep, s, stride = sqrt_n_keep(g, st), cand, st
+                k = sqrt_n_keep(g, st)
+                ops = tools.liveness_seq(g, tools.recompute_sequence(g, k, every))
+                if tools.planned_peak(g, ops, cap)[1] is None:
+                    keep, stride = k, st
+                    s = plan_recompute("sqrt-n", ctx, keep, "speed")
                     break
     s.stats["kept_layers"] = sum(keep)
     s.stats["stride"] = stride
