@@ -6,7 +6,8 @@ kept, with the data layer and the loss; every other layer's output is dropped
 after forward.  A segment is then the run of dropped layers between kept ones
 (it may span several residual or inception blocks); backward re-runs what each
 segment needs once, speed-centric, and liveness frees it (Chen's
-"recompute each segment once").  Static, like the other recompute plans;
+"recompute each segment once").  Without a budget it is static, like the
+other recompute plans;
 note 2 of :mod:`snsim.policies.recompute` applies.
 
 With a budget (``--budget``), the plan reads it, as Chen et al.'s

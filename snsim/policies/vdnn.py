@@ -6,8 +6,19 @@ when their first such consumer starts (the copy overlaps that layer) and
 freed after their last forward use; the free completes when the copy does,
 and a later allocation that needs the memory waits for it.  In backward, the
 tensors of the next backward step are prefetched while the current one runs
-(one layer ahead), and each step waits for its own.  Static: the budget does
-not change the plan; the simulator reports a shortfall.
+(one layer ahead), and each step waits for its own.  Without a budget this
+plan is static; where it does not fit, the simulator reports a shortfall.
+
+With a budget (``--budget``), the plan reads it, as vDNN's dynamic mode does
+(vDNN_dyn first tries to train without offloading): of the tensors the rule
+above would move, only the first k in forward order (those backward needs
+last, so their copies have the most time to hide) are offloaded, k a small
+one that fits the budget under the simulator's rules
+(:func:`tools.estimate_ms`), found by bisection (fitting is not strictly
+monotone in k, since a prefetch allocates a step early, so k may not be the
+very smallest).  When even k = all does not fit, the full plan is kept and
+the simulator reports the shortfall.  At a generous budget the plan moves
+nothing and runs as fast as ``liveness``.
 """
 
 from __future__ import annotations
@@ -91,7 +102,7 @@ def plan_vdnn(name: str, ctx: PlanContext, conv_only: bool) -> Schedule:
         cap = ctx.budget_bytes
         total = stats["offloaded_tensors"]
         if math.isfinite(tools.estimate_ms(g, ops, cap)):
-            lo, hi = 0, total      # smallest k that fits: binary search
+            lo, hi = 0, total      # bisection for a small k that fits
             while lo < hi:
                 mid = (lo + hi) // 2
                 if math.isfinite(tools.estimate_ms(g, vdnn_ops(g, conv_only, mid)[0], cap)):
