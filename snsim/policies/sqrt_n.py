@@ -6,8 +6,17 @@ kept, with the data layer and the loss; every other layer's output is dropped
 after forward.  A segment is then the run of dropped layers between kept ones
 (it may span several residual or inception blocks); backward re-runs what each
 segment needs once, speed-centric, and liveness frees it (Chen's
-"recompute each segment once").  Static, like the other recompute plans;
+"recompute each segment once").  Without a budget it is static, like the
+other recompute plans;
 note 2 of :mod:`snsim.policies.recompute` applies.
+
+With a budget (``--budget``), the plan reads it, as Chen et al.'s
+budget-driven search does: if keeping every output (no recomputation) fits,
+nothing is dropped; otherwise the stride is the smallest in
+1 .. round(sqrt(m)) whose plan fits under the simulator's rules
+(:func:`replay.estimate_ms`) -- the least recomputation that fits.  When none
+fits, the default plan (stride round(sqrt(m))) is kept and the simulator
+reports the shortfall.  Without a budget the plan is the static one above.
 """
 
 from __future__ import annotations
@@ -16,16 +25,20 @@ import math
 
 from snsim.policies import register
 from snsim.policies import layers
+from snsim.policies import replay
+from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.recompute import plan_recompute
 from snsim.schedule.ops import Schedule
 
 
-def sqrt_n_keep(graph) -> list[bool]:
+def sqrt_n_keep(graph, stride: int | None = None) -> list[bool]:
+    """Kept layers with ``stride`` (default ``round(sqrt(m))``)."""
     ckpt = layers.checkpoints(graph)
     n = graph.n
     cands = [i for i in range(1, n - 1) if ckpt[i] and graph.layers[i].kind != "data"]
-    stride = max(1, round(math.sqrt(len(cands))))
+    if stride is None:
+        stride = default_stride(graph)
     keep = [layer.kind == "data" for layer in graph.layers]
     keep[n - 1] = True
     for k, i in enumerate(cands):
@@ -34,10 +47,40 @@ def sqrt_n_keep(graph) -> list[bool]:
     return keep
 
 
+def default_stride(graph) -> int:
+    ckpt = layers.checkpoints(graph)
+    m = sum(1 for i in range(1, graph.n - 1) if ckpt[i] and graph.layers[i].kind != "data")
+    return max(1, round(math.sqrt(m)))
+
+
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once",
           order=45, needs=("backward",))
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
-    keep = sqrt_n_keep(ctx.graph)
+    g = ctx.graph
+    stride = default_stride(g)
+    keep = sqrt_n_keep(g)
     s = plan_recompute("sqrt-n", ctx, keep, "speed")
+    if ctx.budget_bytes is not None:
+        cap = ctx.budget_bytes
+
+        def fits(plan) -> bool:
+            return math.isfinite(replay.estimate_ms(g, plan.ops, cap))
+
+        whole = plan_recompute("sqrt-n", ctx, [True] * g.n, "speed")
+        if fits(whole):
+            keep, s, stride = [True] * g.n, whole, 0
+        else:
+            # The fitting peak is not monotone in the stride (a longer segment
+            # recomputes more at once), so scan up from 1: least recompute first.
+            # A copy-free plan fits iff its planned peak (frees immediate) does.
+            every = [True] * g.n
+            for st in range(1, stride):
+                k = sqrt_n_keep(g, st)
+                ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
+                if replay.planned_peak(g, ops, cap)[1] is None:
+                    keep, stride = k, st
+                    s = plan_recompute("sqrt-n", ctx, keep, "speed")
+                    break
     s.stats["kept_layers"] = sum(keep)
+    s.stats["stride"] = stride
     return s

@@ -6,21 +6,36 @@ when their first such consumer starts (the copy overlaps that layer) and
 freed after their last forward use; the free completes when the copy does,
 and a later allocation that needs the memory waits for it.  In backward, the
 tensors of the next backward step are prefetched while the current one runs
-(one layer ahead), and each step waits for its own.  Static: the budget does
-not change the plan; the simulator reports a shortfall.
+(one layer ahead), and each step waits for its own.  Without a budget this
+plan is static; where it does not fit, the simulator reports a shortfall.
+
+With a budget (``--budget``), the plan reads it, as vDNN's dynamic mode does
+(vDNN_dyn first tries to train without offloading): of the tensors the rule
+above would move, only the first k in forward order (those backward needs
+last, so their copies have the most time to hide) are offloaded, k a small
+one that fits the budget under the simulator's rules
+(:func:`replay.estimate_ms`), found by bisection (fitting is not strictly
+monotone in k, since a prefetch allocates a step early, so k may not be the
+very smallest).  When even k = all does not fit, the full plan is kept and
+the simulator reports the shortfall.  At a generous budget the plan moves
+nothing and runs as fast as ``liveness``.
 """
 
 from __future__ import annotations
 
+import math
+
 from snsim.graph import Graph
 from snsim.policies import register
 from snsim.policies import finishing
+from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 
-def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
+def vdnn_ops(graph: Graph, conv_only: bool, limit: int | None = None) -> tuple[list[Op], dict]:
+    """vDNN's ops; with ``limit``, only the first ``limit`` movable tensors move."""
     n, route = graph.n, graph.route
     size = graph.size
     last = graph.last_use
@@ -36,6 +51,8 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
         cons = [c for c in graph.consumers[j] if not conv_only or graph.layers[c].kind == "conv"]
         if not cons:
             continue
+        if limit is not None and len(moved) >= limit:
+            break
         moved.add(t)
         first_consumer.setdefault(min(cons), []).append(t)
         fwd_last.setdefault(max(u for u in uses[t] if u < n), []).append(t)
@@ -80,15 +97,33 @@ def vdnn_ops(graph: Graph, conv_only: bool) -> tuple[list[Op], dict]:
     return ops, stats
 
 
+def plan_vdnn(name: str, ctx: PlanContext, conv_only: bool) -> Schedule:
+    g = ctx.graph
+    ops, stats = vdnn_ops(g, conv_only)
+    if ctx.budget_bytes is not None:
+        cap = ctx.budget_bytes
+        total = stats["offloaded_tensors"]
+        if math.isfinite(replay.estimate_ms(g, ops, cap)):
+            lo, hi = 0, total      # bisection for a small k that fits
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if math.isfinite(replay.estimate_ms(g, vdnn_ops(g, conv_only, mid)[0], cap)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < total:
+                ops, stats = vdnn_ops(g, conv_only, lo)
+        stats = {**stats, "movable_tensors": total}
+    return finishing.finish(name, g, ops, ctx.budget_bytes, stats)
+
+
 @register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead",
           order=20, needs=("backward",))
 def plan_vdnn_all(ctx: PlanContext) -> Schedule:
-    ops, stats = vdnn_ops(ctx.graph, conv_only=False)
-    return finishing.finish("vdnn-all", ctx.graph, ops, ctx.budget_bytes, stats)
+    return plan_vdnn("vdnn-all", ctx, conv_only=False)
 
 
 @register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead",
           order=21, needs=("backward",))
 def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
-    ops, stats = vdnn_ops(ctx.graph, conv_only=True)
-    return finishing.finish("vdnn-conv", ctx.graph, ops, ctx.budget_bytes, stats)
+    return plan_vdnn("vdnn-conv", ctx, conv_only=True)
