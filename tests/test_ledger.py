@@ -27,16 +27,18 @@ def _swap():
 def test_effects_by_hand(chain4):
     g = Graph(chain4)
     eff = ledger.walk(g, _swap())
-    assert eff[0] == ((X(0),), 100, 0, 0)        # F0 makes the data resident
-    assert eff[1] == ((X(1),), 200, 0, 0)
-    assert eff[2] == ((), 0, 0, 0)               # an offload moves no device bytes
-    assert eff[3] == ((), 0, 0, 100)             # free X0
-    assert eff[8] == ((G(3), G(2)), 204, 0, 0)   # the loss's backward makes G3 and its input's G2
-    assert eff[10] == ((G(1),), 200, 0, 0)       # B2 makes G1
-    assert eff[13] == ((X(0),), 100, 0, 0)       # a prefetch allocates when issued
-    assert eff[15] == ((), 0, 0, 0)              # B1: the data needs no gradient
+    assert eff[0] == (100, 0, 0)        # F0 makes the data X0 resident
+    assert eff[1] == (200, 0, 0)        # X1
+    assert eff[2] == (0, 0, 0)          # an offload moves no device bytes
+    assert eff[3] == (0, 0, 100)        # free X0
+    assert eff[8] == (204, 0, 0)        # the loss's backward makes G3 (4) and its input's G2
+    assert eff[10] == (200, 0, 0)       # B2 makes G1
+    assert eff[13] == (100, 0, 0)       # a prefetch allocates when issued
+    assert eff[15] == (0, 0, 0)         # B1: the data needs no gradient
     # every byte allocated is freed by the end: 100+200+200+4+204+200+100
-    assert sum(e[1] for e in eff) == sum(e[3] for e in eff) == 1008
+    assert sum(e[0] for e in eff) == sum(e[2] for e in eff) == 1008
+    # without the rules, the same bytes
+    assert ledger.walk(g, _swap(), check=False) == eff
 
 
 def test_resident_saved_extra_is_overwritten_in_place():
@@ -46,8 +48,9 @@ def test_resident_saved_extra_is_overwritten_in_place():
     g = Graph(t)
     ops = [Compute("F", 0), Compute("F", 1), Free(X(1)), Compute("R", 1)]
     eff = ledger.walk(g, ops, route=False)
-    assert eff[1] == ((X(1), ("S", 1)), 130, 0, 0)
-    assert eff[3] == ((X(1),), 100, 0, 0)        # S1 still resident: no new bytes
+    assert eff[1] == (130, 0, 0)        # X1 and S1
+    assert eff[3] == (100, 0, 0)        # S1 still resident: only X1's bytes
+    assert ledger.walk(g, ops, route=False, check=False) == eff
 
 
 def test_planned_peak_counts_frees_as_immediate(chain4):

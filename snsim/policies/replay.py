@@ -70,7 +70,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             level -= b
         return True
 
-    for op, (_, nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False)):
+    for op, (nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False, check=False)):
         tp = type(op)
         if tp is Compute:
             if level + nb + ws > capacity and not fit(nb + ws):

@@ -5,11 +5,10 @@ follows from the op sequence alone.  :func:`walk` replays a schedule once,
 checks every rule of ``verify`` on the way (raising :class:`ScheduleError`
 that names the op), and returns one :data:`Effect` per op:
 
-    (alloc, alloc_bytes, workspace_bytes, free_bytes)
+    (alloc_bytes, workspace_bytes, free_bytes)
 
-* ``alloc``: the tensors the op makes resident (a compute step's outputs
-  that are not already resident, a prefetch's tensor), ``alloc_bytes``
-  their size;
+* ``alloc_bytes``: the bytes of the tensors the op makes resident (a compute
+  step's outputs that are not already resident, a prefetch's tensor);
 * ``workspace_bytes``: a compute step's transient workspace, held only for
   its duration;
 * ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
@@ -26,6 +25,7 @@ one's storage) is written here once.
 
 from __future__ import annotations
 
+import gc
 from typing import Sequence
 
 from snsim.errors import ScheduleError
@@ -34,17 +34,32 @@ from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, W
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
-Effect = tuple  # (alloc: tuple[Tensor, ...], alloc_bytes: int, workspace_bytes: int, free_bytes: int)
-_NONE: Effect = ((), 0, 0, 0)
+Effect = tuple  # (alloc_bytes: int, workspace_bytes: int, free_bytes: int)
+_NONE: Effect = (0, 0, 0)
 
 
-def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
-         ) -> list[Effect]:
+def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True,
+         check: bool = True) -> list[Effect]:
     """The memory effect of every op of ``ops``; :class:`ScheduleError` on a broken rule.
 
     With ``route`` (a whole schedule) the route steps must all appear, in
     order; planners replaying a partial op list pass ``route=False``.
+    ``check=False`` skips the rules (a planner replaying its own candidate
+    many times; the verifier checks the plan it returns) but not the
+    residency that decides the bytes.
     """
+    # ~10^5 small tuples and no reference cycles: the cyclic collector's passes
+    # over the (large) graph would cost more than the walk itself
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _bytes_only(graph, ops) if not check else _walk(graph, ops, policy, route)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Effect]:
     state: dict = {}          # tensor -> RESIDENT | INBOUND (absent if missing)
     host: set = set()         # tensors with a host copy (offload issued)
     freed_at: dict = {}       # tensor -> op index of its last free
@@ -87,20 +102,18 @@ def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
                     if t in freed_at:
                         fail(k, f"uses {tensor_name(t)} after it was freed at op {freed_at[t]}")
                     fail(k, f"needs {tensor_name(t)}, which is not resident")
-            new = []
             nbytes = 0
             for t in allocs_of[step]:
                 s = state.get(t, ABSENT)
                 if s == ABSENT:
                     state[t] = RESIDENT
-                    new.append(t)
                     nbytes += size(t)
                 elif s == INBOUND:
                     fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
                 elif t[0] != "S":
                     fail(k, f"allocates {tensor_name(t)}, which is already resident")
                 # a resident S (saved extras re-made by a recompute) is overwritten in place
-            append((tuple(new), nbytes, graph.workspace_bytes(step, op.algo) if ws else 0, 0))
+            append((nbytes, graph.workspace_bytes(step, op.algo) if ws else 0, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -108,7 +121,7 @@ def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
                      + (f" (freed at op {freed_at[t]})" if t in freed_at else ""))
             del state[t]
             freed_at[t] = k
-            append(((), 0, 0, size(t)))
+            append((0, 0, size(t)))
         elif tp is Offload:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -122,7 +135,7 @@ def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
             if state.get(t, ABSENT) != ABSENT:
                 fail(k, f"prefetches {tensor_name(t)}, which is already on the device")
             state[t] = INBOUND
-            append(((t,), size(t), 0, 0))
+            append((size(t), 0, 0))
         elif tp is Wait:
             t = op.tensor
             s = state.get(t, ABSENT)
@@ -136,6 +149,35 @@ def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True
     if route and pos != n_steps:
         raise ScheduleError(f"schedule of {policy}: ends before route step "
                             f"{step_name(steps[pos])}")
+    return out
+
+
+def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
+    """:func:`walk` without the rules: the same residency, so the same bytes."""
+    resident: set = set()
+    add, discard = resident.add, resident.discard
+    allocs_of, size, layers = graph.allocs_map, graph.size, graph.layers
+    out: list[Effect] = []
+    append = out.append
+    for op in ops:
+        tp = type(op)
+        if tp is Compute:
+            step = (op.phase, op.layer)
+            nbytes = 0
+            for t in allocs_of[step]:
+                if t not in resident:
+                    add(t)
+                    nbytes += size(t)
+            append((nbytes, graph.workspace_bytes(step, op.algo)
+                    if layers[op.layer].workspace else 0, 0))
+        elif tp is Free:
+            discard(op.tensor)
+            append((0, 0, size(op.tensor)))
+        elif tp is Prefetch:
+            add(op.tensor)
+            append((size(op.tensor), 0, 0))
+        else:
+            append(_NONE)
     return out
 
 
@@ -155,7 +197,7 @@ def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
     the first op whose level does not fit ``capacity`` (None if all fit)."""
     level = peak = graph.trace.static_bytes
     first = None
-    for k, (_, nbytes, ws, freed) in enumerate(walk(graph, ops, route=False)):
+    for k, (nbytes, ws, freed) in enumerate(walk(graph, ops, route=False, check=False)):
         level += nbytes - freed
         top = level + ws
         if top > peak:

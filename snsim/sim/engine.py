@@ -103,7 +103,7 @@ class _Run:
         g, env = self.g, self.env
         size = g.size
         done_route = 0
-        for op, (_, nbytes, ws, freed) in zip(self.schedule.ops, self.effects):
+        for op, (nbytes, ws, freed) in zip(self.schedule.ops, self.effects):
             tp = type(op)
             if tp is Compute:
                 step = op.step
