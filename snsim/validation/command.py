@@ -7,6 +7,7 @@ torch at module level.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import json
 
 from snsim.errors import SnsimError, require_torch
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         d = out.to_dict()
         if base_rows:
-            d["baselines"] = base_rows
+            d["baselines"] = [asdict(r) for r in base_rows]
         print(json.dumps(d, indent=1))
         return 0
     from snsim.units import fmt_bytes
@@ -78,6 +79,6 @@ def run(args: argparse.Namespace) -> int:
     if base_rows:
         print("  what a user would run instead:")
         for row in base_rows:
-            print(f"    {row['method']:<20} peak {fmt_bytes(row['measured_peak_bytes']):>12}"
-                  f"  step {row['measured_step_ms']:9.2f} ms")
+            print(f"    {row.method:<20} peak {fmt_bytes(row.measured_peak_bytes):>12}"
+                  f"  step {row.measured_step_ms:9.2f} ms")
     return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import statistics
 import tomllib
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +36,150 @@ from snsim.errors import SnsimError
 
 _TOL_KEYS = ("peak_error_median", "peak_error_max", "time_error_median", "time_error_max",
              "grad_abs_max")
+_SUITE_KEYS = {"name", "device", "repeats", "warmup", "baselines"}
+_CASE_KEYS = {"model", "batch", "input_shape", "policies", "budget"}
 
 
-def load_suite(path: str | Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Tolerance:
+    """|relative error| limits of a suite, and the largest gradient difference."""
+
+    peak_error_median: float
+    peak_error_max: float
+    time_error_median: float
+    time_error_max: float
+    grad_abs_max: float
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    """One ``[[case]]``: a model run under each of ``policies``."""
+
+    model: str
+    batch: int
+    policies: tuple[str, ...]
+    input_shape: tuple[int, ...] | None = None
+    budget: str | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    device: str
+    repeats: int
+    warmup: int
+    tolerance: Tolerance
+    cases: tuple[SuiteCase, ...]
+    baselines: bool
+    path: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The suite's medians and maxima, and every tolerance it breaks."""
+
+    peak_median: float
+    peak_max: float
+    time_median: float
+    time_max: float
+    failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """What a user would run instead, measured (or snsim's own run, for comparison)."""
+
+    model: str
+    batch: int
+    method: str
+    measured_peak_bytes: int
+    measured_step_ms: float
+
+
+def _int(p: Path, where: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise SnsimError(f"{p}: {where} must be an integer of at least {least}, not {value!r}")
+    return value
+
+
+def _table(p: Path, doc: dict, key: str) -> dict:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise SnsimError(f"{p}: [{key}] must be a table, not {type(value).__name__}")
+    return value
+
+
+def load_suite(path: str | Path) -> Suite:
+    """The suite in ``path``, every field checked (one-line :class:`SnsimError`)."""
     p = Path(path)
+    if p.is_dir():
+        raise SnsimError(f"{p}: is a directory, not a suite file")
     try:
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SnsimError(f"{p}: no such suite file") from None
+    except UnicodeDecodeError:
+        raise SnsimError(f"{p}: not a text (TOML) file") from None
     except tomllib.TOMLDecodeError as exc:
         raise SnsimError(f"{p}: invalid TOML: {exc}") from None
-    suite = doc.get("suite", {})
-    tol = doc.get("tolerance", {})
+    unknown = set(doc) - {"suite", "tolerance", "case"}
+    if unknown:
+        raise SnsimError(f"{p}: unknown table {sorted(unknown)[0]!r} (suite, tolerance, case)")
+    suite, tol = _table(p, doc, "suite"), _table(p, doc, "tolerance")
+    for key in sorted(set(suite) - _SUITE_KEYS):
+        raise SnsimError(f"{p}: [suite] has unknown key {key!r} ({', '.join(sorted(_SUITE_KEYS))})")
+    for key in sorted(set(tol) - set(_TOL_KEYS)):
+        raise SnsimError(f"{p}: [tolerance] has unknown key {key!r}")
     for k in _TOL_KEYS:
-        if not isinstance(tol.get(k), (int, float)):
+        if isinstance(tol.get(k), bool) or not isinstance(tol.get(k), (int, float)):
             raise SnsimError(f"{p}: [tolerance] needs a number for {k}")
-    cases = doc.get("case")
-    if not isinstance(cases, list) or not cases:
+    raw = doc.get("case")
+    if not isinstance(raw, list) or not raw:
         raise SnsimError(f"{p}: needs at least one [[case]]")
-    for k, c in enumerate(cases):
+    cases = []
+    for k, c in enumerate(raw, 1):
+        where = f"case {k}"
+        if not isinstance(c, dict):
+            raise SnsimError(f"{p}: {where} must be a table")
         for key in ("model", "batch", "policies"):
             if key not in c:
-                raise SnsimError(f"{p}: case {k + 1} has no {key}")
-    return {"name": suite.get("name", p.stem), "device": suite.get("device", "cpu"),
-            "repeats": int(suite.get("repeats", 5)), "warmup": int(suite.get("warmup", 2)),
-            "tolerance": {k: float(tol[k]) for k in _TOL_KEYS}, "cases": cases,
-            "baselines": bool(suite.get("baselines", True)), "path": str(p)}
+                raise SnsimError(f"{p}: {where} has no {key}")
+        for key in sorted(set(c) - _CASE_KEYS):
+            raise SnsimError(f"{p}: {where} has unknown key {key!r} "
+                             f"({', '.join(sorted(_CASE_KEYS))})")
+        pols = c["policies"]
+        if (not isinstance(pols, list) or not pols
+                or not all(isinstance(x, str) and x for x in pols)):
+            raise SnsimError(f"{p}: {where}: policies must be a non-empty list of names, "
+                             f"not {pols!r}")
+        shape = c.get("input_shape")
+        if shape is not None and (not isinstance(shape, list) or not shape or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise SnsimError(f"{p}: {where}: input_shape must be a list of positive integers, "
+                             f"not {shape!r}")
+        budget = c.get("budget")
+        if budget is not None and not isinstance(budget, str):
+            raise SnsimError(f"{p}: {where}: budget must be a string such as \"1.2xlb\"")
+        if not isinstance(c["model"], str) or not c["model"]:
+            raise SnsimError(f"{p}: {where}: model must be a name")
+        cases.append(SuiteCase(model=c["model"], batch=_int(p, f"{where}: batch", c["batch"], 1),
+                               policies=tuple(pols),
+                               input_shape=tuple(shape) if shape else None, budget=budget))
+    name = suite.get("name", p.stem)
+    device = suite.get("device", "cpu")
+    if not isinstance(name, str) or not isinstance(device, str):
+        raise SnsimError(f"{p}: [suite] name and device must be strings")
+    baselines = suite.get("baselines", True)
+    if not isinstance(baselines, bool):
+        raise SnsimError(f"{p}: [suite] baselines must be true or false")
+    return Suite(name=name, device=device,
+                 repeats=_int(p, "[suite] repeats", suite.get("repeats", 5), 1),
+                 warmup=_int(p, "[suite] warmup", suite.get("warmup", 2), 0),
+                 tolerance=Tolerance(**{k: float(tol[k]) for k in _TOL_KEYS}),
+                 cases=tuple(cases), baselines=baselines, path=str(p))
 
 
-def measure_baselines(case, outcome=None) -> list[dict[str, Any]]:
+def measure_baselines(case, outcome=None) -> list[BaselineRow]:
     """Measured peak and step time of plain autograd, checkpointing, save_on_cpu."""
     import torch
 
@@ -96,15 +212,12 @@ def measure_baselines(case, outcome=None) -> list[dict[str, Any]]:
 
             peak = measure_peak(once, dev, existing, release=release)
             ms_, _ = time_ms(step, dev, case.warmup, case.repeats)
-            rows.append({"model": case.model, "batch": case.batch, "method": name,
-                         "measured_peak_bytes": peak.peak_bytes, "measured_step_ms": ms_})
+            rows.append(BaselineRow(case.model, case.batch, name, peak.peak_bytes, ms_))
     finally:
         torch.set_num_threads(threads)
     if outcome is not None:
-        rows.append({"model": case.model, "batch": case.batch,
-                     "method": f"snsim {outcome.policy}",
-                     "measured_peak_bytes": outcome.measured_peak_bytes,
-                     "measured_step_ms": outcome.measured_step_ms})
+        rows.append(BaselineRow(case.model, case.batch, f"snsim {outcome.policy}",
+                                outcome.measured_peak_bytes, outcome.measured_step_ms))
     return rows
 
 
@@ -116,16 +229,15 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     from snsim.validation.run import Case, Session, validate_case
 
     suite = load_suite(path)
-    dev = device or suite["device"]
-    out = Path(out_dir) if out_dir else Path(path).parent / f"report-{suite['name']}"
+    dev = device or suite.device
+    out = Path(out_dir) if out_dir else Path(path).parent / f"report-{suite.name}"
+    if out.exists() and not out.is_dir():
+        raise SnsimError(f"{out}: exists and is not a folder (the report goes in a folder)")
+    cases = [Case(model=c.model, batch=c.batch, policy=pol, input_shape=c.input_shape,
+                  budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup)
+             for c in suite.cases for pol in c.policies]
+    _check_cases(suite)  # every policy and budget, before any model is profiled
     out.mkdir(parents=True, exist_ok=True)
-    cases = []
-    for c in suite["cases"]:
-        for pol in c["policies"]:
-            cases.append(Case(model=c["model"], batch=int(c["batch"]), policy=pol,
-                              input_shape=tuple(c["input_shape"]) if c.get("input_shape")
-                              else None, budget=c.get("budget"), device=dev,
-                              repeats=suite["repeats"], warmup=suite["warmup"]))
     session = Session()
     rows, base_rows = [], []
     for case in tqdm(cases, desc="validate", unit="case"):
@@ -134,7 +246,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         row["label"] = f"{case.model}/{o.policy}"
         row["budget"] = case.budget or ""
         rows.append(row)
-    if suite["baselines"]:
+    if suite.baselines:
         seen = set()
         for case in cases:
             key = (case.model, case.batch, case.input_shape)
@@ -142,39 +254,54 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
                 seen.add(key)
                 base_rows += measure_baselines(case)
     df = pd.DataFrame(rows)
-    verdict = check(df, suite["tolerance"])
-    _write_report(out, suite, df, pd.DataFrame(base_rows), verdict, dev)
-    for line in verdict["failures"]:
+    verdict = check(df, suite.tolerance)
+    _write_report(out, suite, df, pd.DataFrame([asdict(r) for r in base_rows]), verdict, dev)
+    for line in verdict.failures:
         print(f"FAIL {line}")
-    print(f"{len(df)} cases: peak error median {verdict['peak_median']:.1%} max "
-          f"{verdict['peak_max']:.1%}; time error median {verdict['time_median']:.1%} max "
-          f"{verdict['time_max']:.1%}; report in {out}")
-    return 0 if not verdict["failures"] else 1
+    print(f"{len(df)} cases: peak error median {verdict.peak_median:.1%} max "
+          f"{verdict.peak_max:.1%}; time error median {verdict.time_median:.1%} max "
+          f"{verdict.time_max:.1%}; report in {out}")
+    return 0 if not verdict.failures else 1
 
 
-def check(df, tol: dict[str, float]) -> dict[str, Any]:
+def _check_cases(suite: Suite) -> None:
+    """Refuse an unknown policy or a malformed budget before any work starts."""
+    from snsim import policies
+    from snsim.units import parse_budget
+
+    for k, c in enumerate(suite.cases, 1):
+        try:
+            for pol in c.policies:
+                if pol != "best":
+                    policies.get(pol)
+            if c.budget is not None:
+                parse_budget(c.budget, 1)  # its form; its value is checked against the trace
+        except SnsimError as exc:
+            if c.budget is not None and "size" in str(exc):
+                exc = SnsimError(f"budget {c.budget!r}: {exc}")
+            raise SnsimError(f"{suite.path}: case {k} ({c.model}): {exc}") from None
+
+
+def check(df, tol: Tolerance) -> Verdict:
     peak = df["peak_error"].abs()
     time = df["time_error"].abs()
     failures = []
     for _, r in df.iterrows():
-        if abs(r.peak_error) > tol["peak_error_max"]:
+        if abs(r.peak_error) > tol.peak_error_max:
             failures.append(f"{r.label}: peak error {r.peak_error:+.1%} > "
-                            f"{tol['peak_error_max']:.0%}")
-        if abs(r.time_error) > tol["time_error_max"]:
+                            f"{tol.peak_error_max:.0%}")
+        if abs(r.time_error) > tol.time_error_max:
             failures.append(f"{r.label}: time error {r.time_error:+.1%} > "
-                            f"{tol['time_error_max']:.0%}")
-        if r.max_grad_abs_diff > tol["grad_abs_max"]:
+                            f"{tol.time_error_max:.0%}")
+        if r.max_grad_abs_diff > tol.grad_abs_max:
             failures.append(f"{r.label}: gradient differs by {r.max_grad_abs_diff:.3g}")
-    v = {"peak_median": float(statistics.median(peak)), "peak_max": float(peak.max()),
-         "time_median": float(statistics.median(time)), "time_max": float(time.max())}
-    if v["peak_median"] > tol["peak_error_median"]:
-        failures.append(f"median peak error {v['peak_median']:.1%} > "
-                        f"{tol['peak_error_median']:.0%}")
-    if v["time_median"] > tol["time_error_median"]:
-        failures.append(f"median time error {v['time_median']:.1%} > "
-                        f"{tol['time_error_median']:.0%}")
-    v["failures"] = failures
-    return v
+    peak_median, time_median = float(statistics.median(peak)), float(statistics.median(time))
+    if peak_median > tol.peak_error_median:
+        failures.append(f"median peak error {peak_median:.1%} > {tol.peak_error_median:.0%}")
+    if time_median > tol.time_error_median:
+        failures.append(f"median time error {time_median:.1%} > {tol.time_error_median:.0%}")
+    return Verdict(peak_median, float(peak.max()), time_median, float(time.max()),
+                   tuple(failures))
 
 
 def machine(dev: str) -> str:
@@ -194,7 +321,7 @@ def _write_report(out: Path, suite, df, base, verdict, dev) -> None:
     from snsim.fileio import provenance, write_atomic, write_json
     from snsim.validation.plot import scatter
 
-    prov = provenance({"suite": suite["path"], "device": dev, "tolerance": suite["tolerance"]})
+    prov = provenance({"suite": suite.path, "device": dev, "tolerance": asdict(suite.tolerance)})
     prov["machine"] = machine(dev)
     cols = ["label", "model", "batch", "policy", "budget", "budget_bytes", "feasible",
             "predicted_peak_bytes", "measured_peak_bytes", "peak_error", "predicted_step_ms",
@@ -202,7 +329,7 @@ def _write_report(out: Path, suite, df, base, verdict, dev) -> None:
             "compute_ms", "measured_reserved_bytes", "device"]
     csv = f"# {json.dumps(prov)}\n" + df[cols].to_csv(index=False)
     write_atomic(out / "results.csv", csv)
-    write_json(out / "results.json", {"provenance": prov, "verdict": verdict,
+    write_json(out / "results.json", {"provenance": prov, "verdict": asdict(verdict),
                                       "results": df.to_dict(orient="records"),
                                       "baselines": base.to_dict(orient="records")})
     scatter(df, out / "scatter.png", prov)
@@ -212,19 +339,19 @@ def _write_report(out: Path, suite, df, base, verdict, dev) -> None:
 def _markdown(suite, df, base, verdict, prov) -> str:
     from snsim.units import fmt_bytes
 
-    tol = suite["tolerance"]
-    lines = [f"# Validation report: {suite['name']}", "",
+    tol = suite.tolerance
+    lines = [f"# Validation report: {suite.name}", "",
              f"Machine: {prov['machine']}  ", f"Run: {prov['created']}, snsim "
              f"{prov['versions']['snsim']}, `{prov['command']}`", "",
              "Predicted (simulator, from the trace alone) against measured (snsim's executor "
              "running the same schedule). Errors are (measured - predicted) / measured.", "",
-             f"| | median | max | tolerance (median / max) |", "|---|---|---|---|",
-             f"| peak memory error | {verdict['peak_median']:.1%} | {verdict['peak_max']:.1%} "
-             f"| {tol['peak_error_median']:.0%} / {tol['peak_error_max']:.0%} |",
-             f"| step time error | {verdict['time_median']:.1%} | {verdict['time_max']:.1%} "
-             f"| {tol['time_error_median']:.0%} / {tol['time_error_max']:.0%} |", "",
-             "**Verdict: " + ("PASS" if not verdict["failures"] else "FAIL") + "**", ""]
-    lines += [f"- {f}" for f in verdict["failures"]]
+             "| | median | max | tolerance (median / max) |", "|---|---|---|---|",
+             f"| peak memory error | {verdict.peak_median:.1%} | {verdict.peak_max:.1%} "
+             f"| {tol.peak_error_median:.0%} / {tol.peak_error_max:.0%} |",
+             f"| step time error | {verdict.time_median:.1%} | {verdict.time_max:.1%} "
+             f"| {tol.time_error_median:.0%} / {tol.time_error_max:.0%} |", "",
+             "**Verdict: " + ("PASS" if not verdict.failures else "FAIL") + "**", ""]
+    lines += [f"- {f}" for f in verdict.failures]
     lines += ["", "| case | batch | budget | predicted peak | measured peak | error | "
               "predicted ms | measured ms | error | max grad diff |",
               "|---|---|---|---|---|---|---|---|---|---|"]
