@@ -9,19 +9,16 @@ from __future__ import annotations
 import pytest
 
 from snsim.errors import ScheduleError
-from snsim.graph import G, Graph, X
+from snsim.graph import Graph, X
 from snsim.schedule import ledger
-from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
+from snsim.schedule.ops import Compute, Free, Schedule, Wait
 from snsim.sim import simulate
+from test_engine import swap_schedule
 
 
 def _swap():
-    return [
-        Compute("F", 0), Compute("F", 1), Offload(X(0)), Free(X(0)),
-        Compute("F", 2), Free(X(1)), Compute("F", 3), Free(X(3)),
-        Compute("B", 3), Free(G(3)), Compute("B", 2), Free(X(2)), Free(G(2)),
-        Prefetch(X(0)), Wait(X(0)), Compute("B", 1), Free(X(0)), Free(G(1)),
-    ]
+    """chain4 with X0 offloaded after F1 and brought back for B1 (the engine tests' schedule)."""
+    return swap_schedule().ops
 
 
 def test_effects_by_hand(chain4):
