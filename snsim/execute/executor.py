@@ -192,7 +192,7 @@ class Executor:
 
     # --------------------------------------------------------------- compute
     def _forward(self, i: int, recompute: bool) -> None:
-        g, store = self.g, self.store
+        store = self.store
         if i == 0:
             b = self.batch
             if isinstance(b, np.ndarray):
