@@ -18,10 +18,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="NAME|package.module:function",
                         help="a zoo model (see --list-models; parameters as gpt:layers=4,"
                              "heads=4,width=256) or a function returning an nn.Module "
-                             "(optionally with its input shape)")
-    parser.add_argument("--batch", type=int, help="batch size")
+                             "(optionally with an example batch or its input shape); the "
+                             "current directory is importable")
+    parser.add_argument("--batch", type=int,
+                        help="batch size (default: the example batch the model function "
+                             "returns, if it does)")
     parser.add_argument("--input-shape", metavar="C,H,W",
                         help="per-sample input shape, e.g. 3,224,224 (default: the model's)")
+    parser.add_argument("--input-dtype", metavar="DTYPE",
+                        help="input dtype of a package.module:function model without an "
+                             "example: float32 (default), float16, bfloat16, float64, int64 "
+                             "or int32 (token ids below the smallest nn.Embedding's size)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="measure on this device (default: cpu)")
     parser.add_argument("--device-model", metavar="PRESET",
@@ -36,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-models", action="store_true", help="list the model zoo")
     parser.add_argument("--list-device-models", action="store_true",
                         help="list device presets with their numbers and sources")
+
+
+def is_function(spec: str) -> bool:
+    return ":" in spec and "=" not in spec.partition(":")[2]
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -61,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(zoo.table())
         return 0
-    missing = [f"--{k}" for k in ("model", "batch", "out") if getattr(args, k, None) is None]
+    missing = [f"--{k}" for k in ("model", "out") if getattr(args, k, None) is None]
+    if args.model is not None and getattr(args, "batch", None) is None \
+            and not is_function(args.model):
+        missing.insert(1, "--batch")
     if missing:
         raise SnsimError(f"snsim profile needs {', '.join(missing)} "
                          "(or --list-models / --list-device-models)")
@@ -72,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     doc = profiler.profile(args.model, args.batch, shape, device=args.device,
                            device_model=args.device_model, repeats=args.repeats,
-                           warmup=args.warmup, progress=not args.no_progress)
+                           warmup=args.warmup, progress=not args.no_progress,
+                           input_dtype=getattr(args, "input_dtype", None))
     profiler.write(doc, args.out)
     src = doc["source"]
     total = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in doc["layers"])

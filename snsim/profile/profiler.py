@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,24 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     input_dtype: torch.dtype
     vocab: int = 0  # integer inputs draw from [0, vocab)
+    example: torch.Tensor | None = None  # the whole batch, when the model function gave it
 
 
-def _import_model(spec: str, input_shape, device: torch.device) -> ModelSpec:
+INPUT_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+
+
+def _importable_cwd() -> None:
+    """``--model mymod:fn`` finds ``mymod.py`` in the current directory, as ``python -m`` would."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _import_model(spec: str, input_shape, device: torch.device,
+                  input_dtype: str | None = None) -> ModelSpec:
     mod_name, _, fn_name = spec.partition(":")
+    _importable_cwd()
     try:
         module = importlib.import_module(mod_name)
     except Exception as exc:  # ImportError, or the module failing on import
@@ -58,22 +73,70 @@ def _import_model(spec: str, input_shape, device: torch.device) -> ModelSpec:
         raise
     except Exception as exc:
         raise SnsimError(f"{spec} raised {type(exc).__name__}: {exc}") from None
-    shape = None
+    second = None
     if isinstance(made, tuple) and len(made) == 2:
-        made, shape = made
+        made, second = made
     if not isinstance(made, nn.Module):
         raise SnsimError(f"{spec} returned {type(made).__name__}, not a torch.nn.Module "
-                         "(or a (module, input_shape) pair)")
-    shape = input_shape or (tuple(int(s) for s in shape) if shape else None)
+                         "(or a (module, example batch) or (module, input_shape) pair)")
+    if isinstance(second, (tuple, list)) and second and all(
+            isinstance(t, torch.Tensor) for t in second):
+        if len(second) > 1:
+            raise SnsimError(f"{spec} gives {len(second)} example tensors; profile supports "
+                             "models with one input tensor")
+        second = second[0]
+    if isinstance(second, torch.Tensor):
+        return _with_example(spec, made, second, input_shape, input_dtype)
+    shape = None
+    if second is not None:
+        try:
+            shape = tuple(int(s) for s in second)
+        except (TypeError, ValueError):
+            raise SnsimError(f"{spec} returned an input shape {second!r} that is not a "
+                             "sequence of integers (or an example tensor)") from None
+        if not shape or any(s < 1 for s in shape):
+            raise SnsimError(f"{spec} returned input shape {list(shape)}: use positive "
+                             "integers, e.g. (3, 224, 224)")
+    shape = input_shape or shape
     if not shape:
         raise SnsimError(f"{spec} does not give an input shape; pass --input-shape, e.g. 3,224,224")
-    return ModelSpec(spec, made, shape, torch.float32)
+    dtype = INPUT_DTYPES[input_dtype or "float32"]
+    vocab = 0
+    if not dtype.is_floating_point:
+        sizes = [m.num_embeddings for m in made.modules() if isinstance(m, nn.Embedding)]
+        if not sizes:
+            raise SnsimError(f"--input-dtype {input_dtype} for {spec}: the model has no "
+                             "nn.Embedding to bound the ids; return (model, example) instead")
+        vocab = min(sizes)
+    return ModelSpec(spec, made, shape, dtype, vocab)
 
 
-def resolve(spec: str, input_shape: tuple[int, ...] | None, device: torch.device) -> ModelSpec:
+def _with_example(spec, model, example, input_shape, input_dtype) -> ModelSpec:
+    if example.dim() < 1 or example.shape[0] < 1:
+        raise SnsimError(f"{spec} returned an example of shape {list(example.shape)}: its first "
+                         "dimension must be the batch")
+    shape = tuple(example.shape[1:])
+    if input_shape is not None and tuple(input_shape) != shape:
+        raise SnsimError(f"--input-shape {','.join(map(str, input_shape))} disagrees with the "
+                         f"example {spec} returns (per sample {','.join(map(str, shape))})")
+    name = str(example.dtype).replace("torch.", "")
+    if input_dtype is not None and input_dtype != name:
+        raise SnsimError(f"--input-dtype {input_dtype} disagrees with the example {spec} "
+                         f"returns ({name})")
+    return ModelSpec(spec, model, shape, example.dtype, 0, example.detach())
+
+
+def resolve(spec: str, input_shape: tuple[int, ...] | None, device: torch.device,
+            input_dtype: str | None = None) -> ModelSpec:
     """Build the model named by ``spec`` on ``device``."""
+    if input_dtype is not None and input_dtype not in INPUT_DTYPES:
+        raise SnsimError(f"unknown --input-dtype {input_dtype!r}; use one of "
+                         f"{', '.join(INPUT_DTYPES)}")
     if ":" in spec and "=" not in spec.partition(":")[2]:
-        return _import_model(spec, input_shape, device)
+        return _import_model(spec, input_shape, device, input_dtype)
+    if input_dtype is not None:
+        raise SnsimError(f"--input-dtype is for models given as package.module:function; "
+                         f"zoo model {spec} has its own input")
     entry, params = zoo.lookup(spec)
     shape = tuple(input_shape) if input_shape else entry.input_shape
     if len(shape) != len(entry.input_shape):
@@ -87,9 +150,26 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None, device: torch.device
     return ModelSpec(spec, model, shape, dtype, vocab)
 
 
+def batch_size(spec: ModelSpec, batch: int | None) -> int:
+    """The batch to profile: ``--batch``, or the example's (refused if they disagree)."""
+    if spec.example is not None:
+        n = int(spec.example.shape[0])
+        if batch is not None and batch != n:
+            raise SnsimError(f"--batch {batch} disagrees with the example {spec.name} returns "
+                             f"(batch {n})")
+        return n
+    if batch is None:
+        raise SnsimError(f"{spec.name} gives no example batch; pass --batch")
+    return batch
+
+
 def example_input(spec: ModelSpec, batch: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator(device="cpu").manual_seed(0)
     shape = (batch, *spec.input_shape)
+    if spec.example is not None:
+        if device.type == "meta":
+            return torch.empty(shape, dtype=spec.input_dtype, device=device)
+        return spec.example.to(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     if device.type == "meta":
         return torch.empty(shape, dtype=spec.input_dtype, device=device)
     if spec.input_dtype.is_floating_point:
@@ -137,11 +217,15 @@ def _device(device: str | None, preset: str | None) -> torch.device:
     return torch.device(device)
 
 
-def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
+def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = None,
             device: str | None = None, device_model: str | None = None, repeats: int = 10,
-            warmup: int = 3, progress: bool = False) -> dict[str, Any]:
-    """Profile model ``spec`` and return a validated ``snsim.trace/1`` document."""
-    if batch < 1:
+            warmup: int = 3, progress: bool = False,
+            input_dtype: str | None = None) -> dict[str, Any]:
+    """Profile model ``spec`` and return a validated ``snsim.trace/1`` document.
+
+    ``batch`` may be None when the model function returns an example batch.
+    """
+    if batch is not None and batch < 1:
         raise SnsimError(f"--batch must be at least 1, got {batch}")
     if repeats < 1 or warmup < 0:
         raise SnsimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
@@ -152,7 +236,8 @@ def profile(spec: str, batch: int, input_shape: tuple[int, ...] | None = None,
         torch.set_num_threads(1)
     bar = _Bar(progress)
     try:
-        ms = resolve(spec, input_shape, dev)
+        ms = resolve(spec, input_shape, dev, input_dtype)
+        batch = batch_size(ms, batch)
         ms.model.train()
         example = example_input(ms, batch, dev)
 

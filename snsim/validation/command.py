@@ -42,10 +42,13 @@ def run(args: argparse.Namespace) -> int:
         from snsim.validation.suite import run_suite
 
         return run_suite(args.suite, args.out, device=args.device)
-    missing = [f"--{k}" for k in ("model", "batch") if getattr(args, k) is None]
+    from snsim.profile.command import is_function
+
+    missing = [f"--{k}" for k in ("model", "batch") if getattr(args, k) is None
+               and not (k == "batch" and args.model and is_function(args.model))]
     if missing:
         raise SnsimError(f"snsim validate needs {', '.join(missing)} (or --suite FILE)")
-    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
+    if (args.batch is not None and args.batch < 1) or args.repeats < 1 or args.warmup < 0:
         raise SnsimError("--batch and --repeats must be at least 1, --warmup at least 0")
     from snsim.profile.command import parse_shape
     from snsim.validation.run import Case, Session, validate_case
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from snsim.units import fmt_bytes
 
-    print(f"{case.model}, batch {case.batch}, {case.device}: policy {out.policy}, budget "
+    print(f"{case.model}, batch {out.batch}, {case.device}: policy {out.policy}, budget "
           f"{fmt_bytes(out.budget_bytes) if out.budget_bytes else 'device memory'}"
           + ("" if out.feasible else f"  (simulator: INFEASIBLE: {out.reason})"))
     print(f"  peak memory  predicted {fmt_bytes(out.predicted_peak_bytes):>12}  measured "

@@ -18,7 +18,7 @@ from snsim.units import parse_budget
 @dataclass(frozen=True)
 class Case:
     model: str
-    batch: int
+    batch: int | None   # None: the example batch the model function returns
     policy: str
     input_shape: tuple[int, ...] | None = None
     budget: str | None = None
@@ -94,7 +94,7 @@ def build_program(case: Case):
     torch.manual_seed(0)
     ms = profiler.resolve(case.model, case.input_shape, dev)
     ms.model.train()
-    example = profiler.example_input(ms, case.batch, dev)
+    example = profiler.example_input(ms, profiler.batch_size(ms, case.batch), dev)
     return ms, example, Program(ms.model, example)
 
 
@@ -132,8 +132,9 @@ def validate_case(case: Case, session: Session | None = None,
         torch.set_num_threads(1)
     try:
         trace = session.trace(case, trace_path)
-        if trace.batch != case.batch or (case.input_shape and trace.input_shape
-                                         and tuple(case.input_shape) != trace.input_shape):
+        if (case.batch is not None and trace.batch != case.batch) or (
+                case.input_shape and trace.input_shape
+                and tuple(case.input_shape) != trace.input_shape):
             raise SnsimError(
                 f"{trace.label} is for batch {trace.batch}, input {list(trace.input_shape)}; "
                 f"this run asks batch {case.batch}"
@@ -181,7 +182,7 @@ def validate_case(case: Case, session: Session | None = None,
     finally:
         torch.set_num_threads(threads)
     return Outcome(
-        model=case.model, batch=case.batch, policy=policy, budget_bytes=budget,
+        model=case.model, batch=trace.batch, policy=policy, budget_bytes=budget,
         feasible=pred.feasible, predicted_peak_bytes=pred.peak_bytes,
         measured_peak_bytes=peak.peak_bytes,
         peak_error=_rel(peak.peak_bytes, pred.peak_bytes),

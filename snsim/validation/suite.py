@@ -212,11 +212,11 @@ def measure_baselines(case, outcome=None) -> list[BaselineRow]:
 
             peak = measure_peak(once, dev, existing, release=release)
             ms_, _ = time_ms(step, dev, case.warmup, case.repeats)
-            rows.append(BaselineRow(case.model, case.batch, name, peak.peak_bytes, ms_))
+            rows.append(BaselineRow(case.model, batch.shape[0], name, peak.peak_bytes, ms_))
     finally:
         torch.set_num_threads(threads)
     if outcome is not None:
-        rows.append(BaselineRow(case.model, case.batch, f"snsim {outcome.policy}",
+        rows.append(BaselineRow(case.model, outcome.batch, f"snsim {outcome.policy}",
                                 outcome.measured_peak_bytes, outcome.measured_step_ms))
     return rows
 
