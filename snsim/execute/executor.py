@@ -29,6 +29,12 @@ inputs and outputs).  The pieces that make that true:
     through; ``cat`` returns slices of it) is copied, so that each ``G_j``
     owns its memory as the trace's semantics count it, and accumulating
     into one never writes into another.
+[6] A layer may return a tuple (``nn.LSTM``: ``(out, (h, c))``,
+    ``nn.MultiheadAttention``: ``(out, weights)``): its ``X_i`` is the whole
+    tuple (the trace's ``output_bytes`` counts every tensor of it) and its
+    ``G_i`` is a list with one gradient (or None) per tensor, in
+    :func:`flat` order; consumers read elements through the graph's
+    ``getitem`` nodes.
 """
 
 from __future__ import annotations
@@ -52,15 +58,17 @@ from snsim.torchgraph.program import Program
 class _Saved:
     """One tensor autograd saved: held directly, or a handle to the store [2]."""
 
-    __slots__ = ("t", "key", "size", "stride", "rel")
+    __slots__ = ("t", "key", "elem", "size", "stride", "rel")
 
     def __init__(self, t: torch.Tensor):
         self.t: torch.Tensor | None = t
         self.key = None
+        self.elem = None
 
-    def bind(self, key, base: torch.Tensor) -> None:
+    def bind(self, key, base: torch.Tensor, elem: int | None = None) -> None:
+        """Re-read from the store's ``key`` (element ``elem`` of a tuple-valued layer)."""
         t = self.t
-        self.key, self.size, self.stride = key, t.size(), t.stride()
+        self.key, self.elem, self.size, self.stride = key, elem, t.size(), t.stride()
         self.rel = t.storage_offset() - base.storage_offset()
         self.t = None
 
@@ -73,19 +81,63 @@ class _Saved:
         base = store.get(self.key)
         if base is None:
             raise ScheduleError(f"backward needs {tensor_name(self.key)}, not resident")
+        if self.elem is not None:
+            base = flat(base)[self.elem]
         return base.as_strided(self.size, self.stride, base.storage_offset() + self.rel)
 
 
 @dataclass
 class _Edge:
-    out: Any                    # GradientEdge of the layer's output
-    inputs: dict[int, Any]      # input layer -> GradientEdge of its leaf alias
-    shape: torch.Size
+    out: list                   # GradientEdge per tensor of the layer's output (None: no grad)
+    inputs: dict[int, list]     # input layer -> GradientEdge per tensor of its leaf alias
+    shapes: list
     records: list[_Saved]       # keep the handles alive with the graph
 
 
 def _ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+class _Slot:
+    """Where a tensor of a tuple-valued layer sits while the tuple is off the device."""
+
+
+_SLOT = _Slot()
+
+
+@dataclass(frozen=True)
+class _Elem:
+    """Tensor ``k`` (in :func:`flat` order) of the tuple-valued store entry ``key``."""
+
+    key: tuple
+    k: int
+
+
+def flat(value: Any) -> list:
+    """The tensors of a layer's value, in order: itself, or those of a (nested) tuple [6]."""
+    if isinstance(value, (torch.Tensor, _Slot)):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in flat(v)]
+    return []
+
+
+def _or(alias, x):
+    return x if alias is None else alias
+
+
+def _rebuild(value: Any, tensors) -> Any:
+    """``value``'s structure with its tensors replaced, in :func:`flat` order."""
+    if isinstance(value, (torch.Tensor, _Slot)):
+        return next(tensors)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebuild(v, tensors) for v in value)
+    return value
+
+
+def remap(value: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor of ``value``, keeping its structure."""
+    return _rebuild(value, iter([fn(t) for t in flat(value)]))
 
 
 class Executor:
@@ -154,6 +206,8 @@ class Executor:
         self.host: dict = {}
         self.events: dict = {}
         self.rng: dict[int, Any] = {}
+        self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
+        self.skeletons: dict = {}         # tuple-valued key -> its structure, for prefetch
         for k, op in enumerate(self.schedule.ops):
             if hook is not None:
                 hook(k, "before")
@@ -170,6 +224,7 @@ class Executor:
             else:
                 ev.result()
         self.store = self.extras = self.edges = self.host = self.events = {}
+        self.skeletons = {}
 
     def _do(self, k: int, op) -> None:
         try:
@@ -218,14 +273,20 @@ class Executor:
             t = store.get(("X", j))
             if t is None:
                 raise ScheduleError(f"needs X{j}, not resident")
-            if needs_grad and g.requires_grad[j] and t.is_floating_point():
-                leaves[j] = values[j] = t.detach().requires_grad_()
-            else:
-                values[j] = t
+            if needs_grad and g.requires_grad[j]:
+                aliases = [x.detach().requires_grad_() if x.is_floating_point() else None
+                           for x in flat(t)]
+                if any(a is not None for a in aliases):
+                    leaves[j] = aliases
+                    it = iter(aliases)
+                    values[j] = remap(t, lambda x: _or(next(it), x))
+                    continue
+            values[j] = t
         if not needs_grad:
             with torch.no_grad():
                 out = self.p.run(i, values)
             store[("X", i)] = out
+            self._note_parts(i, out)
             return
         records: list[_Saved] = []
 
@@ -236,26 +297,39 @@ class Executor:
 
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda rec: rec.get(store)):
             out = self.p.run(i, values)
-        out_ptr = _ptr(out)
-        in_ptrs = {_ptr(store[("X", j)]): j for j in ins}
+        outs = flat(out)
+        out_ptrs = {_ptr(o): k for k, o in enumerate(outs)}
+        in_ptrs = {_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}
+        single = {j: isinstance(store[("X", j)], torch.Tensor) for j in ins}
         extras = []
         for rec in records:
             ptr = _ptr(rec.t)
-            if ptr == out_ptr and ptr:
-                rec.bind(("X", i), out)
+            if ptr in out_ptrs and ptr:
+                k = out_ptrs[ptr]
+                rec.bind(("X", i), outs[k], None if len(outs) == 1 and out is outs[0] else k)
             elif ptr in in_ptrs and ptr:
-                rec.bind(("X", in_ptrs[ptr]), store[("X", in_ptrs[ptr])])
+                j, k = in_ptrs[ptr]
+                rec.bind(("X", j), flat(store[("X", j)])[k], None if single[j] else k)
             elif ptr not in self.static_ptrs:
                 extras.append(rec)
         if extras:
             self.extras[i] = extras
-        if out.requires_grad:
-            self.edges[i] = _Edge(get_gradient_edge(out),
-                                  {j: get_gradient_edge(x) for j, x in leaves.items()},
-                                  out.shape, records)
-        for x in leaves.values():  # [1] the alias must not keep X_j alive
-            x.data = torch.empty(0, dtype=x.dtype, device=x.device)
-        store[("X", i)] = out.detach()
+        if any(o.requires_grad for o in outs):
+            self.edges[i] = _Edge(
+                [get_gradient_edge(o) if o.requires_grad else None for o in outs],
+                {j: [get_gradient_edge(x) if x is not None else None for x in xs]
+                 for j, xs in leaves.items()},
+                [o.shape for o in outs], records)
+        for xs in leaves.values():  # [1] the alias must not keep X_j alive
+            for x in xs:
+                if x is not None:
+                    x.data = torch.empty(0, dtype=x.dtype, device=x.device)
+        store[("X", i)] = remap(out, lambda o: o.detach())
+        self._note_parts(i, out)
+
+    def _note_parts(self, i: int, out: Any) -> None:
+        if not isinstance(out, torch.Tensor):  # a tuple-valued layer [6]
+            self.parts[i] = len(flat(out))
 
     def _backward(self, i: int) -> None:
         store = self.store
@@ -263,22 +337,25 @@ class Executor:
         if edge is None:
             raise ScheduleError(f"backward of layer {i} without its forward graph")
         if i == self.g.n - 1:
-            gout = torch.ones(edge.shape, device=self.device)
-            store[("G", i)] = gout
+            gouts = [torch.ones(edge.shapes[0], device=self.device)]
+            store[("G", i)] = gouts[0]
         else:
             gout = store.get(("G", i))
             if gout is None:
                 raise ScheduleError(f"needs G{i}, not resident")
+            gouts = gout if isinstance(gout, list) else [gout]
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
-        targets = [edge.inputs[j] for j in ins] + params
-        if not targets:
+        slots = [(j, k) for j in ins for k, e in enumerate(edge.inputs[j]) if e is not None]
+        targets = [edge.inputs[j][k] for j, k in slots] + params
+        pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
+        if not targets or not pairs:
             return
-        grads = torch.autograd.grad([edge.out], targets, grad_outputs=[gout],
-                                    allow_unused=True)
+        grads = torch.autograd.grad([e for e, _ in pairs], targets,
+                                    grad_outputs=[gx for _, gx in pairs], allow_unused=True)
         del edge
-        taken = {_ptr(gout)}
-        for j, gj in zip(ins, grads):
+        taken = {_ptr(gx) for _, gx in pairs}
+        for (j, k), gj in zip(slots, grads):
             if gj is None:
                 continue
             if _ptr(gj) in taken:
@@ -287,12 +364,20 @@ class Executor:
                 gj = gj.clone()
             taken.add(_ptr(gj))
             key = ("G", j)
-            if key in store:
-                store[key].add_(gj)
+            n_parts = self.parts.get(j)
+            if n_parts is None:
+                if key in store:
+                    store[key].add_(gj)
+                else:
+                    store[key] = gj
             else:
-                store[key] = gj
+                parts = store.setdefault(key, [None] * n_parts)
+                if parts[k] is None:
+                    parts[k] = gj
+                else:
+                    parts[k].add_(gj)
         fresh = self.fresh
-        for p, gp in zip(params, grads[len(ins):]):
+        for p, gp in zip(params, grads[len(slots):]):
             if gp is None:
                 continue
             if p in fresh:   # first contribution this step: take it over, as autograd does
@@ -331,10 +416,15 @@ class Executor:
 
     # ------------------------------------------------------------ memory ops
     def _tensors_of(self, t) -> list:
-        """What holds tensor ``t``: its store key, or the saved records of ``S_i``."""
+        """What holds tensor ``t``: its store key, the elements of a tuple-valued
+        ``X_i``/``G_i`` [6], or the saved records of ``S_i``."""
         if t[0] == "S":
             return self.extras.get(t[1], [])
-        return [t]
+        value = self.store[t]
+        if isinstance(value, torch.Tensor):
+            return [t]
+        self.skeletons[t] = remap(value, lambda x: _SLOT)
+        return [_Elem(t, k) for k in range(len(flat(value)))]
 
     def _free(self, t) -> None:
         if t[0] == "S":
@@ -344,11 +434,18 @@ class Executor:
         del self.store[t]  # the ledger has checked that it is resident
 
     def _get(self, item) -> torch.Tensor:
+        if isinstance(item, _Elem):
+            return flat(self.store[item.key])[item.k]
         return item.t if isinstance(item, _Saved) else self.store[item]
 
     def _set(self, item, value: torch.Tensor) -> None:
         if isinstance(item, _Saved):
             item.t = value
+        elif isinstance(item, _Elem):
+            old = self.store.get(item.key, self.skeletons[item.key])
+            parts = flat(old)
+            parts[item.k] = value
+            self.store[item.key] = _rebuild(old, iter(parts))
         else:
             self.store[item] = value
 
