@@ -112,8 +112,8 @@ def test_bwd_reads_and_saved_extra_per_kind():
     b = 2
     assert layers["conv"]["bwd_reads"] == ["inputs"] and "saved_extra_bytes" not in layers["conv"]
     assert layers["act"]["bwd_reads"] == ["output"] and "saved_extra_bytes" not in layers["act"]
-    # max-pool: cuDNN-style reads both; PyTorch also keeps int64 indices, one per output
-    assert layers["pool"]["bwd_reads"] == ["inputs", "output"]
+    # max-pool: autograd keeps its input and int64 indices (one per output), not the output
+    assert layers["pool"]["bwd_reads"] == ["inputs"]
     assert layers["pool"]["saved_extra_bytes"] == 8 * b * 4 * 4 * 4
     # dropout: reads nothing, keeps its mask (float32 in PyTorch's CPU path)
     assert layers["dropout"]["bwd_reads"] == []
@@ -121,8 +121,9 @@ def test_bwd_reads_and_saved_extra_per_kind():
     # batch norm: reads its input, keeps per-channel mean and inverse std
     assert layers["bn"]["bwd_reads"] == ["inputs"]
     assert layers["bn"]["saved_extra_bytes"] == 2 * 4 * 4
-    # the loss keeps its log-softmax (batch x classes) and a scalar
+    # the loss keeps its log-softmax (batch x classes) and a scalar, not the logits
     assert layers["loss"]["saved_extra_bytes"] == 4 * b * 5 + 4
+    assert layers["loss"]["bwd_reads"] == []
 
 
 def test_inplace_relu_profiled_out_of_place_and_restored():

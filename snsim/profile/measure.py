@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from snsim.errors import SnsimError
-from snsim.torchgraph.capture import LayerOp
+from snsim.torchgraph.capture import LayerOp, tensors_of
 from snsim.torchgraph.clock import Clock, quantiles
 
 
@@ -47,7 +47,7 @@ def _spread(prefix: str, xs: list[float]) -> dict[str, float]:
 
 
 def _grad_targets(out: Any, leaves: list[torch.Tensor], op: LayerOp):
-    outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+    outs = [t for t in tensors_of(out)
             if isinstance(t, torch.Tensor) and t.requires_grad]
     wrt = [x for x in leaves if x.requires_grad] + list(op.params)
     return outs, wrt
@@ -119,7 +119,7 @@ def training_step(model: torch.nn.Module, example: torch.Tensor, loss_fn) -> Cal
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step():
-        return torch.autograd.grad(loss_fn(model(example)), params)
+        return torch.autograd.grad(loss_fn(*tensors_of(model(example))), params)
     return step
 
 
@@ -128,7 +128,7 @@ def time_layer(op: LayerOp, clock: Clock, warmup: int, repeats: int) -> dict[str
     leaves = op.leaves()
     fwd = clock.time_ms(lambda: op.fn(*leaves), warmup, repeats)
     out = op.fn(*leaves)
-    outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+    outs = [t for t in tensors_of(out)
             if isinstance(t, torch.Tensor) and t.requires_grad]
     wrt = [x for x in leaves if x.requires_grad] + list(op.params)
     res: dict[str, float] = {}
@@ -165,7 +165,7 @@ def conv_workspaces(op: LayerOp, clock: Clock, warmup: int,
             leaves = op.leaves()
             op.fn(*leaves)  # let benchmark mode search before measuring
             fwd_ws, out = _peak_above(op.fn, *leaves)
-            outs = [t for t in ([out] if isinstance(out, torch.Tensor) else out)
+            outs = [t for t in tensors_of(out)
                     if isinstance(t, torch.Tensor) and t.requires_grad]
             wrt = [x for x in leaves if x.requires_grad] + list(op.params)
             bwd_ws = 0

@@ -31,15 +31,19 @@ Notes the code points back to:
     it (the loss's integer targets).  Examples: max-pool indices (int64),
     dropout's mask (float32 in PyTorch's CPU/meta path), batch-norm
     mean/invstd, the loss's log-softmax.
-[4] ``bwd_reads`` follows the issue's per-kind rule (what cuDNN-style kernels
-    read: conv/fc/bn/matmul/norm the inputs, max-pool and LRN both, dropout,
-    add and concat nothing); for kinds whose backward depends on the exact op
-    (``act``, ``softmax``, ``other``, average pooling) it is what autograd
-    actually saved: ``inputs`` if a saved storage is an input, ``output`` if
-    it is the output (ReLU/sigmoid/tanh save the output, GELU/SiLU the input).
+[4] ``bwd_reads`` is what autograd actually saved, for every kind: ``inputs``
+    if a saved storage is an input's, ``output`` if it is the output's
+    (ReLU/sigmoid/tanh save the output, GELU/SiLU and convolutions the input,
+    max pooling its input and int64 indices, cross entropy only its
+    log-softmax, which is ``saved_extra_bytes``, not the logits; attention
+    (``scaled_dot_product_attention``) its inputs and its output).  A layer
+    on a non-contiguous input whose kernel saves a contiguous copy reads no
+    input: the copy is its saved extra.
 [5] The loss is appended after the model's output: cross entropy of the
     logits (flattened to 2-D) against random integer targets; the targets are
-    a constant, not a layer.
+    a constant, not a layer.  A model returning several tensors (a tuple or
+    list) gets one cross entropy per output, each against its own targets,
+    summed: the loss layer's inputs are all the output layers.
 [6] On ``meta`` only, results are memoized by what determines them: a stock
     ``torch.nn`` module's type, ``extra_repr()`` (its whole configuration),
     parameter shapes and training flag, or a function's identity, plus the
@@ -62,7 +66,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from snsim.errors import SnsimError
-from snsim.torchgraph.kinds import BWD_READS, OUT_OF_PLACE, bwd_reads, kind_of
+from snsim.torchgraph.kinds import OUT_OF_PLACE, bwd_reads, kind_of
 
 MEMO = True  # note [6]
 
@@ -116,17 +120,20 @@ class Capture:
     graph_module: fx.GraphModule
     # fx node name -> layer id it produced or aliases (folded views); None = constant
     node_layer: dict[str, int | None]
+    # constants computed from parameters (``W.t()``, ``cls_token.expand(...)``) [7]:
+    # re-evaluated inside each consuming layer, with gradients
+    derived: frozenset[str] = frozenset()
 
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_of(v)]
     return []
 
 
@@ -195,9 +202,14 @@ def _targets(logits: torch.Tensor) -> torch.Tensor:
     return torch.randint(0, n_classes, tuple(shape), generator=gen).to(logits.device)
 
 
-def _loss_fn(targets: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    def loss(logits: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def _loss_fn(targets: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Cross entropy of each output against its targets, summed [5]."""
+    def loss(*logits: torch.Tensor) -> torch.Tensor:
+        total = None
+        for x, t in zip(logits, targets):
+            ce = F.cross_entropy(x.reshape(-1, x.shape[-1]), t.reshape(-1))
+            total = ce if total is None else total + ce
+        return total
     return loss
 
 
@@ -222,6 +234,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
     static_ids = {_sid(t) for t in list(gm.parameters()) + list(gm.buffers())}
     memo: dict | None = {} if MEMO and example.device.type == "meta" else None
     seen_params: set[int] = set()
+    derived: dict[str, tuple[Callable[[], Any], list]] = {}
     placeholders = 0
     out_node = None
     for node in nodes:
@@ -245,17 +258,19 @@ def _capture(gm, nodes, example, progress) -> Capture:
         if node.op == "output":
             out_node = node.args[0]
             continue
-        _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo)
-    if not isinstance(out_node, fx.Node) or not isinstance(env.get(out_node.name), torch.Tensor):
-        raise SnsimError("model must return one tensor of logits (got "
-                         f"{type(env.get(getattr(out_node, 'name', ''), out_node)).__name__})")
-    logits_id = node_layer[out_node.name]
-    if logits_id is None or logits_id == 0:
+        _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo, derived)
+    outs = output_nodes(out_node)
+    if not outs or not all(isinstance(env.get(n.name), torch.Tensor) for n in outs):
+        got = env.get(getattr(out_node, "name", ""), out_node)
+        raise SnsimError("model must return a tensor of logits or a tuple of them (got "
+                         f"{type(got).__name__})")
+    ids = [node_layer[n.name] for n in outs]
+    if any(i is None or i == 0 for i in ids):
         raise SnsimError("model output does not depend on its input")
-    _append_loss(env[out_node.name], logits_id, layers, static_ids)
+    _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
         progress(None)
-    return Capture(layers, gm, node_layer)
+    return Capture(layers, gm, node_layer, frozenset(derived))
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -269,7 +284,8 @@ def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
     return obj
 
 
-def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) -> None:
+def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
+              derived) -> None:
     # Producer nodes among the args: layers (or their views) and constants.
     producers: list[fx.Node] = []
     fx.node.map_arg((node.args, node.kwargs), lambda n: producers.append(n) or n)
@@ -284,18 +300,26 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
     fn, inplace = op_callable(gm, node)
     const_params = [env[n.name] for n in producers if node_layer.get(n.name, 0) is None
                     and isinstance(env[n.name], nn.Parameter)]
+    for n in dict.fromkeys(producers):  # parameters behind derived values [7]
+        if n.name in derived:
+            const_params += [p for p in derived[n.name][1] if p not in const_params]
     index = {n.name: k for k, n in enumerate(layer_args)}
     args, kwargs = node.args, dict(node.kwargs)
 
+    def value_of(n):
+        return derived[n.name][0]() if n.name in derived else env[n.name]
+
     def call(*xs):
         sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index
-                              else env[n.name])
+                              else value_of(n))
         return fn(*sub[0], **sub[1])
 
-    if not layer_args:  # depends on no layer: a constant [1]
+    if not layer_args:  # depends on no layer: a constant [1], or derived from parameters [7]
         with torch.no_grad():
             env[node.name] = call()
         node_layer[node.name] = None
+        if const_params and any(p.requires_grad for p in const_params):
+            derived[node.name] = (call, [p for p in const_params if p.requires_grad])
         return
     recorded = [env[n.name].detach() for n in layer_args]
     op = LayerOp(call, recorded, grad_inputs=[layers[node_layer[n.name]].requires_grad
@@ -316,7 +340,7 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise SnsimError(f"layer {node.name} failed on inputs of shape {shapes}: "
                              f"{type(exc).__name__}: {msg}") from None
-    outs = _tensors(out)
+    outs = tensors_of(out)
     leaf_ids = {_sid(x) for x in leaves}
     if not outs:  # size(), shape numbers: constants
         env[node.name] = out
@@ -338,13 +362,13 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo) 
     new = [p for p in params if id(p) not in seen_params]
     seen_params.update(id(p) for p in new)
     out_ids = {_sid(t) for t in outs}
-    const_ids = {_sid(t) for t in _tensors([env[n.name] for n in producers
+    const_ids = {_sid(t) for t in tensors_of([env[n.name] for n in producers
                                             if node_layer.get(n.name, 0) is None])}
-    kind, is_max = kind_of(gm, node, len(layer_args) + len(const_params))
+    kind, _ = kind_of(gm, node, len(layer_args) + len(const_params))
     if hit is None:
         extra = sum(b for s, b in saved.saved.items()
                     if s not in leaf_ids | out_ids | static_ids | const_ids)
-        reads = bwd_reads(kind, is_max, saved.saved, leaf_ids, out_ids)
+        reads = bwd_reads(saved.saved, leaf_ids, out_ids)
         if op.key is not None and isinstance(out, torch.Tensor):
             memo[op.key] = (tuple(out.shape), out.stride(), out.dtype, extra, reads)
     first = outs[0]
@@ -413,16 +437,26 @@ def _detach(value: Any) -> Any:
     return value
 
 
-def _append_loss(logits, logits_id, layers, static_ids) -> None:
-    """Cross entropy against constant integer targets [5]."""
-    targets = _targets(logits)
-    op = LayerOp(_loss_fn(targets), [logits.detach()])
+def output_nodes(out_node) -> list[fx.Node]:
+    """The fx nodes a model returns: one, or each of a tuple/list (one level)."""
+    if isinstance(out_node, fx.Node):
+        return [out_node]
+    if isinstance(out_node, (tuple, list)) and all(isinstance(n, fx.Node) for n in out_node):
+        return list(out_node)
+    return []
+
+
+def _append_loss(logits, ids, layers, static_ids) -> None:
+    """Cross entropy against constant integer targets, one per output [5]."""
+    targets = [_targets(x) for x in logits]
+    op = LayerOp(_loss_fn(targets), [x.detach() for x in logits])
     leaves = op.leaves()
     saved = _SavedBytes()
     with saved.hooks():
         out = op.fn(*leaves)
-    skip = {_sid(x) for x in leaves} | {_sid(out), _sid(targets)} | static_ids
+    leaf_ids, out_ids = {_sid(x) for x in leaves}, {_sid(out)}
+    skip = leaf_ids | out_ids | {_sid(t) for t in targets} | static_ids
     extra = sum(b for s, b in saved.saved.items() if s not in skip)
-    layers.append(CapturedLayer("loss", "loss", (logits_id,), nbytes(out), 0, extra,
-                                BWD_READS["loss"], tuple(out.shape), _dtype(out), op,
-                                "cross_entropy"))
+    layers.append(CapturedLayer("loss", "loss", tuple(dict.fromkeys(ids)), nbytes(out), 0, extra,
+                                bwd_reads(saved.saved, leaf_ids, out_ids), tuple(out.shape),
+                                _dtype(out), op, "cross_entropy"))

@@ -56,13 +56,6 @@ for _kind, _fns in {
     for _fn in _fns:
         _FN_KINDS[_fn] = _kind
 
-# Kinds whose bwd_reads come from the per-kind rule [4]; others are observed.
-BWD_READS = {
-    "data": (), "conv": ("inputs",), "fc": ("inputs",), "matmul": ("inputs",),
-    "bn": ("inputs",), "norm": ("inputs",), "lrn": ("inputs", "output"), "dropout": (),
-    "add": (), "concat": (), "loss": ("inputs",), "embedding": ("inputs",),
-    "attention": ("inputs",),
-}
 _MAX_POOL_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d,
                      nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
 _MAX_POOL_FNS = {F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d}
@@ -87,11 +80,9 @@ def kind_of(gm: fx.GraphModule, node: fx.Node, n_tensor_args: int) -> tuple[str,
     return kind, target in _MAX_POOL_FNS
 
 
-def bwd_reads(kind, is_max, saved, leaf_ids, out_ids) -> tuple[str, ...]:
-    if kind == "pool" and is_max:
-        return ("inputs", "output")
-    if kind in BWD_READS:
-        return BWD_READS[kind]
+def bwd_reads(saved, leaf_ids, out_ids) -> tuple[str, ...]:
+    """What the backward reads, from what autograd saved [4]: ``inputs`` if a saved
+    storage is an input's, ``output`` if it is the output's."""
     reads = []
     if any(s in leaf_ids for s in saved):
         reads.append("inputs")

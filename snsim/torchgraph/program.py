@@ -52,12 +52,15 @@ class Program:
         self._consts: dict[str, Any] = {}
         self.layers: list[LayerFn] = []
         self._producer: dict[int, fx.Node] = {}
+        self._derived = captured.derived  # computed from parameters, with gradients
         nodes = list(self.gm.graph.nodes)
         self._by_name = {n.name: n for n in nodes}
         for node in nodes:
             lid = self.node_layer.get(node.name)
             if node.op == "output":
                 self._out_node = node.args[0]
+            elif node.name in self._derived:
+                self._fns[node.name] = cap.op_callable(self.gm, node)[0]
             elif lid is None:
                 # a constant; one read off a layer (``x.size(0)``) is re-evaluated
                 # when needed, like a view
@@ -80,10 +83,12 @@ class Program:
                 targets = c.op
         if self.layers[-1].node is not None or targets is None:
             raise SnsimError("captured graph has no loss layer")
-        self.loss = targets.fn  # cross entropy with the capture's fixed targets
+        fn = targets.fn  # cross entropy with the capture's fixed targets, one per output
+        self.loss = lambda out: fn(*cap.tensors_of(out))
         del captured, targets
         self._dynamic = {name for name, lid in self.node_layer.items()
                          if lid is None and name not in self._consts
+                         and name not in self._derived
                          and self._by_name[name].op != "output"}
         if self._dynamic:
             self._read_shapes(example)
@@ -105,6 +110,10 @@ class Program:
         """Value of ``node`` given the tensors of the layers in ``values``."""
         if node.name in self._consts:
             return self._consts[node.name]
+        if node.name in self._derived:  # re-evaluated in each consuming layer, with grad
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                           lambda n: self._value(n, values))
+            return self._fns[node.name](*args, **kwargs)
         lid = self.node_layer[node.name]
         if lid is not None and self._producer.get(lid) is node:
             return values[lid]
@@ -139,7 +148,8 @@ class Program:
         """Compute layer ``i`` from its input layers' tensors."""
         layer = self.layers[i]
         if i == self.n - 1:
-            return self.loss(self._value(self._out_node, values))
+            return self.loss([self._value(n, values)
+                              for n in cap.output_nodes(self._out_node)])
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
