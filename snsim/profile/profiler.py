@@ -290,15 +290,17 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         # reorders, cuDNN workspaces, gradients materialized before they are added)
         # becomes the step's workspace, and each step's time is the time snsim's
         # executor takes for it: both measured by running the real executor.
-        from snsim.profile.transients import add_transients
+        from snsim.profile import executor_measures
 
         del captured
         if dev.type == "cpu":
             torch.set_num_threads(1)
         try:
-            add_transients(doc, ms.model, example, dev, warmup, repeats)
+            found, steps = executor_measures.measure(doc, ms.model, example, dev, warmup,
+                                                     repeats)
         finally:
             torch.set_num_threads(threads)
+        doc = executor_measures.with_measurements(doc, found, steps, dev, warmup, repeats)
     from_dict(doc, f"<profile of {spec}>")
     return doc
 

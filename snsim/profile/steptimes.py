@@ -14,6 +14,7 @@ on a CPU).  This happens while profiling, never in a validation run.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +29,20 @@ from snsim.execute.executor import Executor
 from snsim.torchgraph.program import Program
 
 
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Milliseconds the executor takes for step ``(phase, layer)``: median and spread."""
+
+    phase: str
+    layer: int
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+
+
 def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
-               warmup: int, repeats: int) -> dict[tuple[str, int], tuple[float, float, float]]:
-    """(phase, layer) -> (median, p10, p90) milliseconds of each compute step."""
+               warmup: int, repeats: int) -> tuple[StepTime, ...]:
+    """Each compute step's time, in schedule order."""
     schedule = plan_none(PlanContext(graph))
     ex = Executor(program, graph, schedule, device)
     samples: dict[int, list[float]] = {}
@@ -72,32 +84,5 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
                 ex.step(batch, hook=hook)
     finally:
         ex.close()
-    return {schedule.ops[k].step: quantiles(v) for k, v in samples.items()}
-
-
-def set_step_times(doc: dict, times: dict, warmup: int, repeats: int, device: torch.device) -> None:
-    """Make ``times`` the layers' ``fwd_ms``/``bwd_ms`` (the earlier ones kept as ``*_pass``).
-
-    Workspace entries keep their ratios to the layer's default (entry 0), whose
-    times are the layer's (DESIGN section 2).
-    """
-    for layer in doc["layers"]:
-        i = layer["id"]
-        for phase, key in (("F", "fwd_ms"), ("B", "bwd_ms")):
-            if (phase, i) not in times:
-                continue
-            med, lo, hi = (round(x, 6) for x in times[(phase, i)])
-            old = layer[key]
-            if f"{key}_p10" in layer:
-                layer[f"{key}_pass"] = old
-                layer[f"{key}_pass_p10"] = layer[f"{key}_p10"]
-                layer[f"{key}_pass_p90"] = layer[f"{key}_p90"]
-            layer[key], layer[f"{key}_p10"], layer[f"{key}_p90"] = med, lo, hi
-            for k, w in enumerate(layer.get("workspace", [])):
-                w[key] = med if k == 0 or old <= 0 else round(w[key] * med / old, 6)
-    src = doc.setdefault("source", {})
-    src["step_times"] = (
-        f"fwd_ms/bwd_ms: per-step times of snsim's executor running policy none on "
-        f"{device.type} ({warmup} warm-up steps, median of {repeats}; *_p10/_p90 the spread); "
-        "the profiler's per-layer pass timings are kept in *_pass fields")
-    src["executor_layers_total_ms"] = round(sum(v[0] for v in times.values()), 6)
+    return tuple(StepTime(schedule.ops[k].phase, schedule.ops[k].layer, *quantiles(v))
+                 for k, v in sorted(samples.items()))

@@ -18,6 +18,7 @@ simulator counts it (DESIGN section 2: transient, only during the step).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,9 +36,18 @@ from snsim.torchgraph.program import Program
 _NOISE_BYTES = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class StepTransient:
+    """Memory layer ``layer``'s forward and backward steps allocate and free themselves."""
+
+    layer: int
+    fwd_bytes: int
+    bwd_bytes: int
+
+
 def measure_transients(program: Program, graph: Graph, batch: Any,
-                       device: torch.device) -> dict[int, tuple[int, int]]:
-    """Layer id -> (forward, backward) transient bytes, for layers that have any."""
+                       device: torch.device) -> tuple[StepTransient, ...]:
+    """The transient bytes of every layer that has any, in layer order."""
     schedule = plan_none(PlanContext(graph))
     ex = Executor(program, graph, schedule, device)
     ex.prepare()
@@ -86,47 +96,4 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
                 slot = 1 if op.phase == "B" else 0
                 out.setdefault(op.layer, [0, 0])[slot] = ws
         level = end
-    return {i: (v[0], v[1]) for i, v in out.items()}
-
-
-def add_transients(doc: dict, model, example, device: torch.device,
-                   warmup: int = 0, repeats: int = 0) -> dict:
-    """Give each layer of a measured trace document its transient memory.
-
-    With ``repeats``, the layers' times become the executor's own per-step
-    times (:mod:`snsim.profile.steptimes`).  A layer with a measured transient
-    and no workspace list gets one entry ``{"algo": "measured", "bytes":
-    forward, "bwd_bytes": backward}`` with its times; a layer whose default
-    entry (the first) has no measured size yet (CPU's ``cpu-default``) gets
-    the sizes written into it; a default entry that already carries sizes
-    measured for its algorithm (CUDA's cuDNN entries) keeps them.
-    ``source.workspace`` says how it was measured.
-    """
-    from snsim.trace import from_dict
-
-    graph = Graph(from_dict(doc, "<trace being profiled>"))
-    program = Program(model, example)
-    batch = example.detach().cpu().numpy().copy() if device.type == "cpu" \
-        else example.detach().cpu().pin_memory()
-    found = measure_transients(program, graph, batch, device)
-    if repeats > 0:
-        from snsim.profile.steptimes import set_step_times, time_steps
-
-        set_step_times(doc, time_steps(program, graph, batch, device, warmup, repeats),
-                       warmup, repeats, device)
-    for i, (fwd, bwd) in found.items():
-        layer = doc["layers"][i]
-        if layer.get("workspace"):
-            # candidates from the library: the measured one describes the default
-            first = layer["workspace"][0]
-            if first.get("bytes", 0) == 0 and "bwd_bytes" not in first:
-                first.update(bytes=int(fwd), bwd_bytes=int(bwd))
-        else:
-            layer["workspace"] = [{"algo": "measured", "bytes": int(fwd), "bwd_bytes": int(bwd),
-                                   "fwd_ms": layer["fwd_ms"], "bwd_ms": layer["bwd_ms"]}]
-    src = doc.setdefault("source", {})
-    note = ("transient memory per step measured by snsim.profile.transients (peak inside "
-            "the step minus its level before and its own allocations, one annotated step "
-            f"of policy none on {device.type}); a layer's default workspace entry carries it")
-    src["workspace"] = f"{src['workspace']}; {note}" if src.get("workspace") else note
-    return doc
+    return tuple(StepTransient(i, int(v[0]), int(v[1])) for i, v in sorted(out.items()))
