@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, SEQ, BATCH, WIDTH = 64, 12, 4, 32
+VOCAB, SEQ, BATCH, WIDTH = 128, 16, 8, 64
 
 
 def _tokens(batch: int = BATCH, seq: int = SEQ) -> torch.Tensor:
@@ -81,7 +81,7 @@ class EncoderClassifier(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.enc = nn.TransformerEncoderLayer(WIDTH, 4, 64, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoderLayer(WIDTH, 4, 128, dropout=0.0, batch_first=True)
         self.head = nn.Linear(WIDTH, 10)
 
     def forward(self, x):
@@ -100,8 +100,8 @@ class TinyViT(nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, WIDTH) * 0.02)
         self.pos = nn.Parameter(torch.randn(1, n + 1, WIDTH) * 0.02)
         self.norm = nn.LayerNorm(WIDTH)
-        self.fc1 = nn.Linear(WIDTH, 64)
-        self.fc2 = nn.Linear(64, WIDTH)
+        self.fc1 = nn.Linear(WIDTH, 128)
+        self.fc2 = nn.Linear(128, WIDTH)
         self.head = nn.Linear(WIDTH, 10)
 
     def forward(self, x):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 import json
+import sys
 
 from snsim.errors import SnsimError, require_torch
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if base_rows:
             d["baselines"] = [asdict(r) for r in base_rows]
         print(json.dumps(d, indent=1))
-        return 0
+        return _grad_verdict(out)
     from snsim.units import fmt_bytes
 
     print(f"{case.model}, batch {out.batch}, {case.device}: policy {out.policy}, budget "
@@ -79,9 +80,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"  step time    predicted {out.predicted_step_ms:9.2f} ms  measured "
           f"{out.measured_step_ms:9.2f} ms  error {out.time_error:+.1%}")
     print(f"  gradients    max |executor - autograd| = {out.max_grad_abs_diff:.3g}")
+    print(f"  plain PyTorch: liveness predicts {fmt_bytes(out.liveness_predicted_peak_bytes):>12}"
+          f"  autograd measured {fmt_bytes(out.plain_peak_bytes):>12}  error "
+          f"{out.plain_peak_error:+.1%}")
     if base_rows:
         print("  what a user would run instead:")
         for row in base_rows:
             print(f"    {row.method:<20} peak {fmt_bytes(row.measured_peak_bytes):>12}"
                   f"  step {row.measured_step_ms:9.2f} ms")
+    return _grad_verdict(out)
+
+
+def _grad_verdict(out) -> int:
+    """Exit 1, naming the parameter, when the executor's gradients are not autograd's."""
+    from snsim.validation.run import GRAD_TOLERANCE
+
+    if out.max_grad_abs_diff > GRAD_TOLERANCE:
+        print(f"snsim validate: gradients differ from plain autograd: parameter "
+              f"{out.worst_grad_param} by {out.max_grad_abs_diff:.3g} (tolerance "
+              f"{GRAD_TOLERANCE:g})", file=sys.stderr)
+        return 1
     return 0

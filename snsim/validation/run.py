@@ -49,6 +49,12 @@ class Outcome:
     measured_reserved_bytes: int | None = None
     step_ms_samples: list[float] = field(default_factory=list)
     reason: str | None = None
+    worst_grad_param: str | None = None   # the parameter with the largest gradient difference
+    # the user's question: liveness's prediction against plain PyTorch autograd's real peak
+    # (forward, cross entropy, loss.backward(); parameters and their .grad resident)
+    liveness_predicted_peak_bytes: int = 0
+    plain_peak_bytes: int = 0
+    plain_peak_error: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -144,6 +150,7 @@ def validate_case(case: Case, session: Session | None = None,
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
         schedule, pred = predict(graph, case.policy, budget)
         policy = pred.policy
+        live = pred if policy == "liveness" and budget is None else liveness_prediction(graph)
         # ---- real run (nothing below feeds the prediction above) ----
         dev = torch.device(case.device)
         ms, example, program = build_program(case)
@@ -166,8 +173,9 @@ def validate_case(case: Case, session: Session | None = None,
             torch.manual_seed(1)
             ref_loss = program.loss(reference(example))
             ref_loss.backward()
+            names = [n for n, p in ms.model.named_parameters() if p.requires_grad]
             ref = [p.grad for p in reference.parameters() if p.requires_grad]
-            diff = max(((a - b).abs().max().item() for a, b in zip(grads, ref)), default=0.0)
+            diff, worst = grad_difference(names, grads, ref)
             del reference, ref, grads, ref_loss
             existing = program.existing_bytes()
 
@@ -179,6 +187,7 @@ def validate_case(case: Case, session: Session | None = None,
             step_ms, samples = time_ms(lambda: ex.step(batch), dev, case.warmup, case.repeats)
         finally:
             ex.close()
+        plain = plain_autograd_peak(program, example, dev)
     finally:
         torch.set_num_threads(threads)
     return Outcome(
@@ -190,4 +199,62 @@ def validate_case(case: Case, session: Session | None = None,
         time_error=_rel(step_ms, pred.iteration_ms), max_grad_abs_diff=diff,
         device=case.device, lower_bound_bytes=graph.lower_bound_bytes,
         compute_ms=pred.compute_ms, measured_reserved_bytes=peak.reserved_bytes,
-        step_ms_samples=samples, reason=pred.reason)
+        step_ms_samples=samples, reason=pred.reason, worst_grad_param=worst,
+        liveness_predicted_peak_bytes=live.peak_bytes, plain_peak_bytes=plain,
+        plain_peak_error=_rel(plain, live.peak_bytes))
+
+
+def liveness_prediction(graph):
+    """What ``liveness`` predicts with the whole device memory (never infeasible for lack of it)."""
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.sim import simulate
+
+    huge = 1 << 60
+    return simulate(graph, policies.plan("liveness", PlanContext(graph, huge)), huge,
+                    record=False)
+
+
+def plain_autograd_peak(program, example, device) -> int:
+    """Peak bytes of a plain PyTorch step (the model, its loss, ``loss.backward()``), with
+    every parameter's ``.grad`` allocated (as ``zero_grad(set_to_none=False)`` leaves it)."""
+    import torch
+
+    from snsim.execute.baselines import autograd_step
+    from snsim.execute.memory import measure_peak
+
+    step = autograd_step(program, example.cpu())
+    params = program.param_list
+
+    def once() -> None:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        step()
+
+    def release() -> None:
+        for p in params:
+            p.grad = None
+
+    once()  # lazy initializations are not the step's
+    return measure_peak(once, device, program.existing_bytes(), release=release).peak_bytes
+
+
+GRAD_TOLERANCE = 1e-5
+
+
+def grad_difference(names, grads, ref) -> tuple[float, str | None]:
+    """Largest |executor - autograd| over the parameters' gradients, and whose.
+
+    A gradient one side has and the other lacks counts as its own size: a
+    gradient lost on the way is never a silent 0.
+    """
+    worst, name = 0.0, None
+    for n, a, b in zip(names, grads, ref):
+        if not a.numel():
+            continue
+        d = (a.abs() if b is None else (a - b).abs()).max().item()
+        if d != d:  # NaN on one side
+            d = float("inf")
+        if d > worst:
+            worst, name = d, n
+    return worst, name
