@@ -50,7 +50,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
-from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
+from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
 from snsim.torchgraph.program import Program
 
@@ -161,7 +161,7 @@ class Executor:
         effects(graph, schedule)
         self.cuda = device.type == "cuda"
         self.recomputed = {op.layer for op in schedule.ops
-                           if type(op) is Compute and op.phase == "R"}
+                           if op.action == COMPUTE and op.phase == "R"}
         self.static_ptrs: set[int] = set()
         if self.cuda:
             self.d2h = torch.cuda.Stream(device)
@@ -228,19 +228,19 @@ class Executor:
 
     def _do(self, k: int, op) -> None:
         try:
-            kind = type(op)
-            if kind is Compute:
+            act = op.action
+            if act == COMPUTE:
                 if op.phase == "B":
                     self._backward(op.layer)
                 else:
                     self._forward(op.layer, op.phase == "R")
-            elif kind is Free:
+            elif act == RELEASE:
                 self._free(op.tensor)
-            elif kind is Offload:
+            elif act == TO_HOST:
                 self._offload(op.tensor)
-            elif kind is Prefetch:
+            elif act == TO_DEVICE:
                 self._prefetch(op.tensor)
-            elif kind is Wait:
+            elif act == SYNC:
                 self._wait(op.tensor)
         except ScheduleError as exc:
             raise ScheduleError(f"op {k} ({op}): {exc}") from None

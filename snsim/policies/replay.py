@@ -19,7 +19,7 @@ import math
 
 from snsim.graph import Graph, Step, step_name, tensor_name
 from snsim.schedule import ledger
-from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op
 from snsim.units import fmt_bytes
 
 
@@ -71,8 +71,8 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
         return True
 
     for op, (nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False, check=False)):
-        tp = type(op)
-        if tp is Compute:
+        act = op.action
+        if act == COMPUTE:
             if level + nb + ws > capacity and not fit(nb + ws):
                 return math.inf
             level += nb
@@ -81,23 +81,23 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             else:
                 layer = layers[op.layer]
                 now += layer.bwd_ms if op.phase == "B" else layer.fwd_ms
-        elif tp is Free:
+        elif act == RELEASE:
             done = off_done.get(op.tensor, 0.0)
             if done > now:
                 heapq.heappush(pending, (done, freed))
             else:
                 level -= freed
-        elif tp is Offload:
+        elif act == TO_HOST:
             d2h = max(d2h, now) + size[op.tensor] * d2h_ms
             off_done[op.tensor] = d2h
-        elif tp is Prefetch:
+        elif act == TO_DEVICE:
             t = op.tensor
             if level + nb > capacity and not fit(nb):
                 return math.inf
             level += nb
             h2d = max(h2d, now, off_done.get(t, 0.0)) + nb * h2d_ms
             in_done[t] = h2d
-        elif tp is Wait:
+        elif act == SYNC:
             t = op.tensor
             done = in_done.pop(t, None)
             now = max(now, off_done.get(t, 0.0) if done is None else done)

@@ -18,6 +18,18 @@ issued by one host thread:
   of the tensor has finished.
 
 See ``verify.py`` for the rules a schedule must follow.
+
+Every op class names its ``action``, the one thing an interpreter that keeps
+time or moves tensors needs to know: ``compute`` (a step on the compute
+stream), ``release`` (device memory goes, or goes when a copy of it ends),
+``to_host`` / ``to_device`` (a copy on the device-to-host / host-to-device
+engine; ``to_device`` allocates), ``sync`` (the compute stream waits for a
+copy).  What an op does to memory (which tensors, how many bytes, which rules)
+is the ledger's (:mod:`snsim.schedule.ledger`).  The simulator, the
+planners' estimate and the executor dispatch on ``action`` and never name an
+op class other than :class:`Compute`, so a new op kind with one of these
+actions is written here and in the ledger only (``tests/test_layering.py``
+checks it).
 """
 
 from __future__ import annotations
@@ -28,11 +40,16 @@ from typing import Any, ClassVar, Union
 from snsim.graph import Step, Tensor, step_name, tensor_name
 
 
+COMPUTE, RELEASE, TO_HOST, TO_DEVICE, SYNC = "compute", "release", "to_host", "to_device", "sync"
+ACTIONS = (COMPUTE, RELEASE, TO_HOST, TO_DEVICE, SYNC)
+
+
 @dataclass(frozen=True, slots=True)
 class Compute:
     phase: str  # "F", "B" or "R"
     layer: int
     algo: int = 0
+    action: ClassVar[str] = COMPUTE
 
     @property
     def step(self) -> Step:
@@ -48,6 +65,7 @@ class _TensorOp:
 
     tensor: Tensor
     verb: ClassVar[str] = ""
+    action: ClassVar[str] = ""
 
     def __str__(self) -> str:
         return f"{self.verb} {tensor_name(self.tensor)}"
@@ -56,21 +74,25 @@ class _TensorOp:
 @dataclass(frozen=True, slots=True)
 class Free(_TensorOp):
     verb: ClassVar[str] = "free"
+    action: ClassVar[str] = RELEASE
 
 
 @dataclass(frozen=True, slots=True)
 class Offload(_TensorOp):
     verb: ClassVar[str] = "offload"
+    action: ClassVar[str] = TO_HOST
 
 
 @dataclass(frozen=True, slots=True)
 class Prefetch(_TensorOp):
     verb: ClassVar[str] = "prefetch"
+    action: ClassVar[str] = TO_DEVICE
 
 
 @dataclass(frozen=True, slots=True)
 class Wait(_TensorOp):
     verb: ClassVar[str] = "wait"
+    action: ClassVar[str] = SYNC
 
 
 Op = Union[Compute, Free, Offload, Prefetch, Wait]
