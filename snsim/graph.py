@@ -131,13 +131,6 @@ class Graph:
             return 0
         return min(w.backward_bytes if step[0] == "B" else w.fwd_bytes for w in ws)
 
-    def bwd_phases(self, step: Step, algo: int = 0) -> tuple[int, int] | None:
-        """(kernel, assembly) bytes of a backward step in two phases, if the trace has them."""
-        if step[0] != "B":
-            return None
-        ws = self.layers[step[1]].workspace
-        return ws[algo].bwd_phases if ws else None
-
     def step_ms(self, step: Step, algo: int = 0) -> float:
         """Duration of a step; algorithm ``algo`` of the layer's workspace list."""
         layer = self.layers[step[1]]
@@ -170,31 +163,9 @@ class Graph:
 
     @cached_property
     def lower_bound_bytes(self) -> int:
-        """Static + the largest single step's own need (DESIGN section 2).
-
-        A backward step in two phases needs at least its reads plus its kernels'
-        bytes, and at least its allocations plus its assembly bytes (all it read
-        may be gone by then)."""
-        return self.trace.static_bytes + max(self.least_step_bytes(s) for s in self.route)
-
-    def least_step_bytes(self, step: Step) -> int:
-        """The smallest level ``step`` itself can run at, over its workspace entries."""
-        ws = self.layers[step[1]].workspace
-        plain = self.step_bytes(step)
-        if not ws:
-            return plain
-        size = self.size
-        best = None
-        for algo, w in enumerate(ws):
-            phases = self.bwd_phases(step, algo)
-            if phases is None:
-                need = plain + (w.backward_bytes if step[0] == "B" else w.fwd_bytes)
-            else:
-                reads = sum(size(t) for t in self.needs_map[step])
-                made = sum(size(t) for t in self.allocs_map[step])
-                need = max(reads + phases[0], made + phases[1])
-            best = need if best is None else min(best, need)
-        return best
+        """Static + the largest single step's own need (DESIGN section 2)."""
+        return self.trace.static_bytes + max(
+            self.step_bytes(s) + self.min_workspace_bytes(s) for s in self.route)
 
     @cached_property
     def forward_end(self) -> int:

@@ -117,15 +117,3 @@ def test_input_dtype_int64_without_example_bounded_by_embedding(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # the current directory is importable
     doc = profiler.profile("mymodels:lm", 2, input_dtype="int64", repeats=1, warmup=0)
     assert doc["input_dtype"] == "int64" and doc["layers"][0]["output_bytes"] == 8 * 2 * 5
-
-
-def test_views_read_make_a_backward_in_two_phases():
-    # SDPA reads q, k, v (unbind of the qkv output); the gated MLP reads the chunks of its
-    # input: both backward steps record their kernel and assembly bytes
-    (att,) = _layers("sdpa_model", "attention")
-    kernel, assembly = att["workspace"][0]["bwd_phases"]
-    b, t, w = families.BATCH, families.SEQ, families.WIDTH
-    assert kernel >= 3 * 4 * b * t * w      # dq, dk, dv
-    assert assembly >= 3 * 4 * b * t * w    # their stack, before the copy into G
-    assert not any("bwd_phases" in ws for la in _layers("residual_mlp")
-                   for ws in la.get("workspace", []))

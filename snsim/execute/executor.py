@@ -35,16 +35,6 @@ inputs and outputs).  The pieces that make that true:
     ``G_i`` is a list with one gradient (or None) per tensor, in
     :func:`flat` order; consumers read elements through the graph's
     ``getitem`` nodes.
-[7] A backward step runs in two phases when the op read some input only
-    through views (``q, k, v = qkv.unbind(0)``, ``a, b = h.chunk(2)``): the
-    op's own backward gives the views' gradients (phase 1, with the
-    parameters'), then autograd's view nodes assemble them into the input's
-    ``G_j`` (phase 2: the ``cat`` or copy autograd makes there).  A pre-hook
-    on those nodes marks the boundary (``snsim#k+`` in an annotated run);
-    where the trace records the step's two phases (``bwd_phases``), it also
-    does the frees the schedule issues right after the step of tensors the
-    step read, as autograd releases a node's saved tensors once it has run
-    (``snsim.schedule.ledger.dying_reads`` says which).
 """
 
 from __future__ import annotations
@@ -59,7 +49,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, tensor_name
-from snsim.schedule.ledger import dying_reads, effects
+from snsim.schedule.ledger import effects
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
 from snsim.torchgraph.program import Program
@@ -102,8 +92,6 @@ class _Edge:
     inputs: dict[int, list]     # input layer -> GradientEdge per tensor of its leaf alias
     shapes: list
     records: list[_Saved]       # keep the handles alive with the graph
-    # (input layer, tensor) -> GradientEdges of the views of it the op read [7]
-    views: dict = None
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -132,25 +120,6 @@ def flat(value: Any) -> list:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in flat(v)]
     return []
-
-
-def _views_read(leaves: dict, direct: list) -> dict:
-    """(input layer, tensor index) -> GradientEdges of the views of that input's leaf
-    alias that the op was called with, for inputs it read only through views [7]."""
-    by_ptr = {_ptr(x): (j, k) for j, xs in leaves.items() for k, x in enumerate(xs)
-              if x is not None}
-    used_as_is, views = set(), {}
-    for a in direct:
-        if not a.requires_grad:
-            continue
-        jk = by_ptr.get(_ptr(a))
-        if jk is None:
-            continue
-        if a is leaves[jk[0]][jk[1]] or a.grad_fn is None:
-            used_as_is.add(jk)
-        else:
-            views.setdefault(jk, []).append(get_gradient_edge(a))
-    return {jk: e for jk, e in views.items() if jk not in used_as_is}
 
 
 def _or(alias, x):
@@ -239,9 +208,6 @@ class Executor:
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
         self.skeletons: dict = {}         # tuple-valued key -> its structure, for prefetch
-        self.freed_early: set = set()     # freed inside a two-phase backward step [7]
-        self.annotate = annotate
-        self.algo = 0
         for k, op in enumerate(self.schedule.ops):
             if hook is not None:
                 hook(k, "before")
@@ -264,16 +230,12 @@ class Executor:
         try:
             act = op.action
             if act == COMPUTE:
-                self.algo = op.algo
                 if op.phase == "B":
-                    self._backward(op.layer, k)
+                    self._backward(op.layer)
                 else:
                     self._forward(op.layer, op.phase == "R")
             elif act == RELEASE:
-                if op.tensor in self.freed_early:  # released inside the step before [7]
-                    self.freed_early.discard(op.tensor)
-                else:
-                    self._free(op.tensor)
+                self._free(op.tensor)
             elif act == TO_HOST:
                 self._offload(op.tensor)
             elif act == TO_DEVICE:
@@ -334,9 +296,7 @@ class Executor:
             return rec
 
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda rec: rec.get(store)):
-            out, direct = self.p.run_with_args(i, values)
-        views = _views_read(leaves, direct)
-        del direct
+            out = self.p.run(i, values)
         outs = flat(out)
         out_ptrs = {_ptr(o): k for k, o in enumerate(outs)}
         in_ptrs = {_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}
@@ -359,8 +319,7 @@ class Executor:
                 [get_gradient_edge(o) if o.requires_grad else None for o in outs],
                 {j: [get_gradient_edge(x) if x is not None else None for x in xs]
                  for j, xs in leaves.items()},
-                [o.shape for o in outs], records, views)
-        del views
+                [o.shape for o in outs], records)
         for xs in leaves.values():  # [1] the alias must not keep X_j alive
             for x in xs:
                 if x is not None:
@@ -372,9 +331,7 @@ class Executor:
         if not isinstance(out, torch.Tensor):  # a tuple-valued layer [6]
             self.parts[i] = len(flat(out))
 
-    def _backward(self, i: int, k_op: int) -> None:
-        """``B_i``: the layer's own backward, then the gradients of the views it read
-        assembled into its inputs' ``G_j`` (its second phase) [7]."""
+    def _backward(self, i: int) -> None:
         store = self.store
         edge = self.edges.pop(i, None)
         if edge is None:
@@ -387,7 +344,6 @@ class Executor:
             if gout is None:
                 raise ScheduleError(f"needs G{i}, not resident")
             gouts = gout if isinstance(gout, list) else [gout]
-            del gout
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
         slots = [(j, k) for j in ins for k, e in enumerate(edge.inputs[j]) if e is not None]
@@ -395,15 +351,10 @@ class Executor:
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        handles = self._second_phase(i, k_op, edge, slots)
-        try:
-            grads = torch.autograd.grad([e for e, _ in pairs], targets,
-                                        grad_outputs=[gx for _, gx in pairs], allow_unused=True)
-        finally:
-            for h in handles:
-                h.remove()
+        grads = torch.autograd.grad([e for e, _ in pairs], targets,
+                                    grad_outputs=[gx for _, gx in pairs], allow_unused=True)
+        del edge
         taken = {_ptr(gx) for _, gx in pairs}
-        del edge, pairs, gouts
         for (j, k), gj in zip(slots, grads):
             if gj is None:
                 continue
@@ -412,52 +363,21 @@ class Executor:
                 # each G_j gets its own memory, as the trace's semantics say.
                 gj = gj.clone()
             taken.add(_ptr(gj))
-            self._accumulate(("G", j), k, gj)
-        self._param_grads(params, grads[len(slots):])
-
-    def _second_phase(self, i: int, k_op: int, edge: _Edge, slots) -> list:
-        """Hooks on the nodes that assemble the gradients of the views the op read:
-        the first to run marks the step's second phase and, where the trace has
-        the step in two phases, does the frees the schedule issues right after it
-        of tensors it read (autograd has released them by then) [7]."""
-        nodes = {id(e.node): e.node for jk in slots for e in edge.views.get(jk, ())}
-        if not nodes:
-            return []
-        early = self.g.bwd_phases(("B", i), self.algo) is not None
-        fired = []
-
-        def prehook(grad_outputs):
-            if not fired:
-                fired.append(True)
-                if self.annotate:
-                    with torch.profiler.record_function(f"snsim#{k_op}+"):
-                        pass
-                if early:
-                    for t in dying_reads(self.g, self.schedule.ops, k_op, self.host):
-                        self._free(t)
-                        self.freed_early.add(t)
-            return None
-
-        return [node.register_prehook(prehook) for node in nodes.values()]
-
-    def _accumulate(self, key, k: int, gj: torch.Tensor) -> None:
-        store = self.store
-        n_parts = self.parts.get(key[1])
-        if n_parts is None:
-            if key in store:
-                store[key].add_(gj)
+            key = ("G", j)
+            n_parts = self.parts.get(j)
+            if n_parts is None:
+                if key in store:
+                    store[key].add_(gj)
+                else:
+                    store[key] = gj
             else:
-                store[key] = gj
-        else:
-            parts = store.setdefault(key, [None] * n_parts)
-            if parts[k] is None:
-                parts[k] = gj
-            else:
-                parts[k].add_(gj)
-
-    def _param_grads(self, params, grads) -> None:
+                parts = store.setdefault(key, [None] * n_parts)
+                if parts[k] is None:
+                    parts[k] = gj
+                else:
+                    parts[k].add_(gj)
         fresh = self.fresh
-        for p, gp in zip(params, grads):
+        for p, gp in zip(params, grads[len(slots):]):
             if gp is None:
                 continue
             if p in fresh:   # first contribution this step: take it over, as autograd does

@@ -135,7 +135,7 @@ def per_op_levels(prof) -> dict[int, tuple[int, int]]:
     stack = list(_tree(prof))
     while stack:
         ev = stack.pop()
-        if ev.name.startswith("snsim#") and ev.name != _MARK and not ev.name.endswith("+"):
+        if ev.name.startswith("snsim#") and ev.name != _MARK:
             allocs = _alloc_events([ev])
             if allocs:
                 levels[int(ev.name[6:])] = (max(t for _, t, _ in allocs) - base,
@@ -143,27 +143,3 @@ def per_op_levels(prof) -> dict[int, tuple[int, int]]:
             continue
         stack.extend(ev.children)
     return levels
-
-
-def phase_peaks(prof) -> dict[int, tuple[int | None, int | None]]:
-    """Op index -> (peak before its second phase, peak after it starts), relative to
-    the window's baseline, for the ops of an annotated run whose backward marks a
-    second phase (an instant range ``snsim#k+`` inside ``snsim#k``; see the
-    executor's note [7]).  None where nothing was allocated on that side."""
-    base = baseline(prof)
-    out: dict[int, tuple[int | None, int | None]] = {}
-    stack = list(_tree(prof))
-    while stack:
-        ev = stack.pop()
-        if ev.name.startswith("snsim#") and ev.name != _MARK and not ev.name.endswith("+"):
-            marks = [c for c in _descendants(ev.children) if c.name == ev.name + "+"]
-            if marks:
-                start = marks[0].start_time_ns
-                allocs = _alloc_events([ev])
-                first = [t for when, t, _ in allocs if when < start]
-                second = [t for when, t, _ in allocs if when >= start]
-                out[int(ev.name[6:])] = (max(first) - base if first else None,
-                                         max(second) - base if second else None)
-            continue
-        stack.extend(ev.children)
-    return out

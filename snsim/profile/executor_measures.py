@@ -65,9 +65,6 @@ def with_measurements(doc: dict, transients, times, device: torch.device, warmup
             layer["workspace"] = [{"algo": "measured", "bytes": t.fwd_bytes,
                                    "bwd_bytes": t.bwd_bytes, "fwd_ms": layer["fwd_ms"],
                                    "bwd_ms": layer["bwd_ms"]}]
-            first = layer["workspace"][0]
-        if t.bwd_phases is not None:
-            first["bwd_phases"] = [int(t.bwd_phases[0]), int(t.bwd_phases[1])]
     note = ("transient memory per step measured by snsim.profile.transients (peak inside "
             "the step minus its level before and its own allocations, one annotated step "
             f"of policy none on {device.type}); a layer's default workspace entry carries it")

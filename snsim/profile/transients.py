@@ -29,7 +29,7 @@ from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute
 
 from snsim.execute.executor import Executor
-from snsim.execute.memory import per_op_levels, phase_peaks
+from snsim.execute.memory import per_op_levels
 from snsim.torchgraph.program import Program
 
 # Below this a measured transient is allocator noise (alignment, small tensors).
@@ -43,10 +43,6 @@ class StepTransient:
     layer: int
     fwd_bytes: int
     bwd_bytes: int
-    # a backward in two phases (the executor's note [7]): bytes above the level
-    # before the step during its kernels, and above that level plus its
-    # allocations while view gradients are assembled (nothing freed: policy none)
-    bwd_phases: tuple[int, int] | None = None
 
 
 def measure_transients(program: Program, graph: Graph, batch: Any,
@@ -57,7 +53,6 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
     ex.prepare()
     ex.step(batch)  # warm-up: lazy initializations are not transients
     peaks: dict[int, tuple[int, int]] = {}   # op index -> (peak, end), relative
-    phases: dict = {}  # op index -> (peak of phase 1, of phase 2); measured on CPU only
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -85,9 +80,7 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
                 ex.prepare(fresh=True)
             ex.step(batch, annotate=True)
         peaks = per_op_levels(prof)
-        phases = phase_peaks(prof)
     out: dict[int, list[int]] = {}
-    split: dict[int, tuple[int, int]] = {}
     level = peaks.get(-1, (0, 0))[1]  # after the gradient buffers are allocated
     allocated: set = set()
     for k, op in enumerate(schedule.ops):
@@ -102,11 +95,5 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
             if ws > _NOISE_BYTES:
                 slot = 1 if op.phase == "B" else 0
                 out.setdefault(op.layer, [0, 0])[slot] = ws
-            if k in phases and op.phase == "B":
-                first, second = phases[k]
-                split[op.layer] = (max(first - level if first is not None else 0, 0),
-                                   max(second - level - own if second is not None else 0, 0))
         level = end
-    return tuple(StepTransient(i, int(out.get(i, (0, 0))[0]), int(out.get(i, (0, 0))[1]),
-                               split.get(i))
-                 for i in sorted(set(out) | set(split)))
+    return tuple(StepTransient(i, int(v[0]), int(v[1])) for i, v in sorted(out.items()))

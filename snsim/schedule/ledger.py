@@ -10,9 +10,7 @@ that names the op), and returns one :data:`Effect` per op:
 * ``alloc_bytes``: the bytes of the tensors the op makes resident (a compute
   step's outputs that are not already resident, a prefetch's tensor);
 * ``workspace_bytes``: a compute step's transient workspace, held only for
-  its duration (for a backward step in two phases, see :func:`dying_reads`,
-  what makes ``alloc + workspace`` the step's peak above the level before it;
-  it may then be negative);
+  its duration;
 * ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
   offload of the tensor still copying ends: that part is time, and belongs
   to the interpreter that keeps time).
@@ -32,7 +30,7 @@ from typing import Sequence
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
-from snsim.schedule.ops import RELEASE, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
@@ -115,7 +113,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 elif t[0] != "S":
                     fail(k, f"allocates {tensor_name(t)}, which is already resident")
                 # a resident S (saved extras re-made by a recompute) is overwritten in place
-            append((nbytes, _workspace(graph, ops, k, step, op.algo, nbytes, host) if ws else 0, 0))
+            append((nbytes, graph.workspace_bytes(step, op.algo) if ws else 0, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -157,12 +155,11 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
 def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
     """:func:`walk` without the rules: the same residency, so the same bytes."""
     resident: set = set()
-    host: set = set()
     add, discard = resident.add, resident.discard
     allocs_of, size, layers = graph.allocs_map, graph.size, graph.layers
     out: list[Effect] = []
     append = out.append
-    for k, op in enumerate(ops):
+    for op in ops:
         tp = type(op)
         if tp is Compute:
             step = (op.phase, op.layer)
@@ -171,7 +168,7 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
                 if t not in resident:
                     add(t)
                     nbytes += size(t)
-            append((nbytes, _workspace(graph, ops, k, step, op.algo, nbytes, host)
+            append((nbytes, graph.workspace_bytes(step, op.algo)
                     if layers[op.layer].workspace else 0, 0))
         elif tp is Free:
             discard(op.tensor)
@@ -180,49 +177,8 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
             add(op.tensor)
             append((size(op.tensor), 0, 0))
         else:
-            if tp is Offload:
-                host.add(op.tensor)
             append(_NONE)
     return out
-
-
-def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
-    """Tensors step ``ops[k]`` needs that the run of frees right after it releases.
-
-    Autograd releases what a backward node saved as soon as the node has run,
-    before the gradients of the views it read are assembled; a backward step in
-    two phases counts these as gone in its second phase.  Not among them: a
-    tensor with a host copy (an offload, whose free may wait for the copy), and
-    the step's own output gradient ``G_i``, which the executor hands to autograd
-    for the whole step (plain autograd frees it too; see DESIGN, known
-    differences).
-    """
-    step = ops[k].step
-    needs = graph.needs_map[step]
-    own = ("G", step[1])
-    out = []
-    for op in ops[k + 1:]:
-        if op.action != RELEASE:
-            break
-        t = op.tensor
-        if t in needs and t not in host and t != own:
-            out.append(t)
-    return out
-
-
-def _workspace(graph: Graph, ops: Sequence[Op], k: int, step, algo: int, nbytes: int,
-               host) -> int:
-    """A step's workspace; for a backward step in two phases, the bytes that make
-    its level the larger of its phases: the level before it plus its kernels'
-    bytes, and that level less its dying reads plus its allocations plus its
-    assembly bytes (so it may be below its allocations: the effect's
-    ``alloc + workspace`` is the step's peak above the level before it)."""
-    phases = graph.bwd_phases(step, algo)
-    if phases is None:
-        return graph.workspace_bytes(step, algo)
-    size = graph.size
-    dying = sum(size(t) for t in dying_reads(graph, ops, k, host))
-    return max(phases[0], nbytes - dying + phases[1]) - nbytes
 
 
 def effects(graph: Graph, schedule: Schedule) -> list[Effect]:

@@ -146,21 +146,14 @@ class Program:
 
     def run(self, i: int, values: dict[int, Any]) -> Any:
         """Compute layer ``i`` from its input layers' tensors."""
-        return self.run_with_args(i, values)[0]
-
-    def run_with_args(self, i: int, values: dict[int, Any]) -> tuple[Any, list]:
-        """Layer ``i``'s output, and the tensors its op was called with: the input
-        layers' tensors, or the views of them that the graph takes between layers
-        (``chunk``, ``unbind``, ``permute``), whose gradients autograd assembles
-        into the input's after the op's own backward."""
         layer = self.layers[i]
         if i == self.n - 1:
-            args = [self._value(n, values) for n in cap.output_nodes(self._out_node)]
-            return self.loss(args), cap.tensors_of(args)
+            return self.loss([self._value(n, values)
+                              for n in cap.output_nodes(self._out_node)])
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values))
-        return self._fns[node.name](*args, **kwargs), cap.tensors_of([args, list(kwargs.values())])
+        return self._fns[node.name](*args, **kwargs)
 
     def existing_bytes(self) -> int:
         """Memory the model holds before a step: parameters, buffers, constants.

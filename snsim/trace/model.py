@@ -27,10 +27,6 @@ class Workspace:
     fwd_ms: float
     bwd_ms: float
     bwd_bytes: int | None = None
-    # backward in two phases (docs/DESIGN.md, "Backward phases"): bytes above the level
-    # before the step while its kernels run, and above (that level - its dying reads +
-    # what it allocates) while the gradients of folded views are assembled
-    bwd_phases: tuple[int, int] | None = None
 
     @property
     def fwd_bytes(self) -> int:
