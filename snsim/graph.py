@@ -131,6 +131,27 @@ class Graph:
             return 0
         return min(w.backward_bytes if step[0] == "B" else w.fwd_bytes for w in ws)
 
+    def bwd_released(self, step: Step, algo: int = 0) -> int | None:
+        """A backward step's peak above the level before it when its dying reads are
+        handed to autograd, if the trace measured it (DESIGN, "Dying reads")."""
+        if step[0] != "B":
+            return None
+        ws = self.layers[step[1]].workspace
+        return ws[algo].bwd_released if ws else None
+
+    @cached_property
+    def dying(self) -> dict[Step, frozenset]:
+        """Per backward step, the tensors it needs for the last time on the route
+        (what ``liveness`` frees right after it), less its own output gradient."""
+        last = self.last_use
+        out = {}
+        for k, step in enumerate(self.route):
+            if step[0] == "B":
+                own = ("G", step[1])
+                out[step] = frozenset(t for t in self.needs_map[step]
+                                      if last.get(t) == k and t != own)
+        return out
+
     def step_ms(self, step: Step, algo: int = 0) -> float:
         """Duration of a step; algorithm ``algo`` of the layer's workspace list."""
         layer = self.layers[step[1]]
@@ -163,9 +184,25 @@ class Graph:
 
     @cached_property
     def lower_bound_bytes(self) -> int:
-        """Static + the largest single step's own need (DESIGN section 2)."""
-        return self.trace.static_bytes + max(
-            self.step_bytes(s) + self.min_workspace_bytes(s) for s in self.route)
+        """Static + the largest single step's own need (DESIGN section 2).
+
+        A backward step with a measured hand-over peak needs at least what it
+        reads plus that peak (DESIGN, "Dying reads")."""
+        return self.trace.static_bytes + max(self.least_step_bytes(s) for s in self.route)
+
+    def least_step_bytes(self, step: Step) -> int:
+        """The smallest level ``step`` itself can run at, over its workspace entries."""
+        ws = self.layers[step[1]].workspace
+        plain = self.step_bytes(step)
+        if not ws:
+            return plain
+        best = plain + self.min_workspace_bytes(step)
+        for algo in range(len(ws)):
+            released = self.bwd_released(step, algo)
+            if released is not None:
+                reads = sum(self.size(t) for t in self.needs_map[step])
+                best = min(best, reads + released)
+        return best
 
     @cached_property
     def forward_end(self) -> int:

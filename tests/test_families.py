@@ -22,6 +22,15 @@ from snsim.validation.run import GRAD_TOLERANCE, Case, Session, validate_case  #
 
 from tests import families  # noqa: E402
 
+# liveness's prediction within 2% of plain autograd's measured peak (the others:
+# in-place aliasing, G_i held through a view assembly, double chunk assembly)
+FAITHFUL = {"lstm_lm", "gru_classifier", "tied_lm", "two_heads", "residual_mlp",
+            "transposed_linear"}
+
+# under-predicted: autograd sums a shared module's weight gradients in a buffer of its
+# own between the first and the last contributing backward step; snsim does not count it
+UNDER = {"shared_twice": 0.10}
+
 _SESSION = Session()
 _DOCS: dict = {}
 
@@ -49,6 +58,10 @@ def test_family_validates_with_autograd_gradients(name, policy, budget):
     assert out.max_grad_abs_diff <= GRAD_TOLERANCE, (name, policy, out.worst_grad_param)
     if policy == "liveness":  # the executor holds what the simulator counts
         assert abs(out.peak_error) < 0.03, (name, out.peak_error)
+        if name in FAITHFUL:  # and plain PyTorch holds what liveness predicts
+            assert abs(out.plain_peak_error) < 0.02, (name, out.plain_peak_error)
+        else:  # the known gaps (docs/DESIGN.md section 7) over-predict, except one
+            assert out.plain_peak_error < UNDER.get(name, 0.02), (name, out.plain_peak_error)
 
 
 def test_token_ids_from_the_example():
@@ -117,3 +130,12 @@ def test_input_dtype_int64_without_example_bounded_by_embedding(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # the current directory is importable
     doc = profiler.profile("mymodels:lm", 2, input_dtype="int64", repeats=1, warmup=0)
     assert doc["input_dtype"] == "int64" and doc["layers"][0]["output_bytes"] == 8 * 2 * 5
+
+
+def test_module_layers_measure_their_hand_over():
+    # nn.GRU and nn.MultiheadAttention are one layer each: autograd frees their
+    # internal saved tensors node by node, which the hand-over measurement records
+    for name, layer in (("gru_classifier", "rnn"), ("mha_classifier", "attn")):
+        (la,) = [x for x in _layers(name) if x["name"] == layer]
+        entry = la["workspace"][0]
+        assert entry["bwd_released"] < la["saved_extra_bytes"] + entry["bwd_bytes"]

@@ -35,6 +35,13 @@ inputs and outputs).  The pieces that make that true:
     ``G_i`` is a list with one gradient (or None) per tensor, in
     :func:`flat` order; consumers read elements through the graph's
     ``getitem`` nodes.
+[7] Dying reads.  Where the trace measured it (``bwd_released``), a backward
+    step hands the tensors it reads for the last time (those the schedule
+    frees right after it, ``snsim.schedule.ledger.dying_reads``, when they are
+    the ones liveness frees there) to autograd before it runs: the saved
+    records stop reading them from the store and hold them, once, so each is
+    freed when the autograd node that saved it has run, as in a plain
+    ``loss.backward()``; the schedule's frees of them are then no-ops.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, tensor_name
-from snsim.schedule.ledger import effects
+from snsim.schedule.ledger import dying_reads, effects, hands_over
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
 from snsim.torchgraph.program import Program
@@ -58,12 +65,23 @@ from snsim.torchgraph.program import Program
 class _Saved:
     """One tensor autograd saved: held directly, or a handle to the store [2]."""
 
-    __slots__ = ("t", "key", "elem", "size", "stride", "rel")
+    __slots__ = ("t", "key", "elem", "size", "stride", "rel", "once")
 
     def __init__(self, t: torch.Tensor):
         self.t: torch.Tensor | None = t
         self.key = None
         self.elem = None
+        self.once = False
+
+    def own(self, base: Any) -> None:
+        """Hold the tensor itself, read from ``base`` (the store's value it was bound
+        to), and give it up when autograd unpacks it [7]."""
+        if self.key is not None:
+            if self.elem is not None:
+                base = flat(base)[self.elem]
+            self.t = base.as_strided(self.size, self.stride, base.storage_offset() + self.rel)
+            self.key = None
+        self.once = True
 
     def bind(self, key, base: torch.Tensor, elem: int | None = None) -> None:
         """Re-read from the store's ``key`` (element ``elem`` of a tuple-valued layer)."""
@@ -74,10 +92,13 @@ class _Saved:
 
     def get(self, store: dict) -> torch.Tensor:
         if self.key is None:
-            if self.t is None:
+            t = self.t
+            if t is None:
                 raise ScheduleError("a saved extra tensor was freed before the backward "
                                     "step that needs it")
-            return self.t
+            if self.once:  # autograd's node holds it now and drops it when it is done [7]
+                self.t = None
+            return t
         base = store.get(self.key)
         if base is None:
             raise ScheduleError(f"backward needs {tensor_name(self.key)}, not resident")
@@ -191,13 +212,18 @@ class Executor:
             p.grad = None
 
     # ------------------------------------------------------------------ step
-    def step(self, batch: Any, annotate: bool = False, hook=None) -> None:
+    def step(self, batch: Any, annotate: bool = False, hook=None,
+             hand_over: bool = False) -> None:
         """One training step on ``batch`` (a host array/tensor: ``F_0`` copies it in).
 
         ``annotate`` wraps each op in a profiler range ``snsim#k`` so that
         memory events can be attributed to ops (see ``memory.per_op_levels``);
-        ``hook(k, "before"|"after")`` is called around each op.
+        ``hook(k, "before"|"after")`` is called around each op.  ``hand_over``
+        hands dying reads to autograd wherever they are liveness's, measured or
+        not (the profiler measures ``bwd_released`` so) [7].
         """
+        self.freed_early: set = set()
+        self.force_hand_over = hand_over
         self.batch = batch
         self.fresh = set(self.p.param_list)
         self.store: dict = {}
@@ -231,11 +257,14 @@ class Executor:
             act = op.action
             if act == COMPUTE:
                 if op.phase == "B":
-                    self._backward(op.layer)
+                    self._backward(op.layer, k)
                 else:
                     self._forward(op.layer, op.phase == "R")
             elif act == RELEASE:
-                self._free(op.tensor)
+                if op.tensor in self.freed_early:  # handed to autograd at its step [7]
+                    self.freed_early.discard(op.tensor)
+                else:
+                    self._free(op.tensor)
             elif act == TO_HOST:
                 self._offload(op.tensor)
             elif act == TO_DEVICE:
@@ -331,11 +360,33 @@ class Executor:
         if not isinstance(out, torch.Tensor):  # a tuple-valued layer [6]
             self.parts[i] = len(flat(out))
 
-    def _backward(self, i: int) -> None:
+    def _hand_over(self, k_op: int, edge: _Edge) -> None:
+        """Give the step's dying reads to autograd [7]."""
+        g, ops = self.g, self.schedule.ops
+        if self.force_hand_over:
+            dying = g.dying.get(ops[k_op].step)
+            if not dying or set(dying_reads(g, ops, k_op, self.host)) != dying:
+                return
+        elif not hands_over(g, ops, k_op, self.host):
+            return
+        for t in dying_reads(g, ops, k_op, self.host):
+            if t[0] == "S":
+                for rec in self.extras.pop(t[1], []):
+                    rec.own(None)
+            else:
+                value = self.store.pop(t)
+                for rec in edge.records:
+                    if rec.key == t:
+                        rec.own(value)
+                del value
+            self.freed_early.add(t)
+
+    def _backward(self, i: int, k_op: int) -> None:
         store = self.store
         edge = self.edges.pop(i, None)
         if edge is None:
             raise ScheduleError(f"backward of layer {i} without its forward graph")
+        self._hand_over(k_op, edge)
         if i == self.g.n - 1:
             gouts = [torch.ones(edge.shapes[0], device=self.device)]
             store[("G", i)] = gouts[0]

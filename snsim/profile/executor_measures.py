@@ -65,6 +65,8 @@ def with_measurements(doc: dict, transients, times, device: torch.device, warmup
             layer["workspace"] = [{"algo": "measured", "bytes": t.fwd_bytes,
                                    "bwd_bytes": t.bwd_bytes, "fwd_ms": layer["fwd_ms"],
                                    "bwd_ms": layer["bwd_ms"]}]
+        if t.bwd_released is not None:
+            layer["workspace"][0]["bwd_released"] = int(t.bwd_released)
     note = ("transient memory per step measured by snsim.profile.transients (peak inside "
             "the step minus its level before and its own allocations, one annotated step "
             f"of policy none on {device.type}); a layer's default workspace entry carries it")

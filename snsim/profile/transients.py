@@ -43,6 +43,9 @@ class StepTransient:
     layer: int
     fwd_bytes: int
     bwd_bytes: int
+    # the backward's peak above the level before it when its dying reads are handed
+    # to autograd (the executor's note [7]), measured under liveness
+    bwd_released: int | None = None
 
 
 def measure_transients(program: Program, graph: Graph, batch: Any,
@@ -96,4 +99,45 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
                 slot = 1 if op.phase == "B" else 0
                 out.setdefault(op.layer, [0, 0])[slot] = ws
         level = end
-    return tuple(StepTransient(i, int(v[0]), int(v[1])) for i, v in sorted(out.items()))
+    released = measure_released(program, graph, batch, device)
+    return tuple(StepTransient(i, *out.get(i, (0, 0)), released.get(i))
+                 for i in sorted(set(out) | set(released)))
+
+
+def measure_released(program: Program, graph: Graph, batch: Any,
+                     device: torch.device) -> dict[int, int]:
+    """Layer id -> peak of its backward step above the level before it, under
+    ``liveness`` with the step's dying reads handed to autograd, for the backward
+    steps that have dying reads (CPU; on CUDA the hand-over is not measured yet)."""
+    if device.type != "cpu" or not any(graph.dying.values()):
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    from snsim.execute.memory import mark_window, quiet_stderr
+    from snsim.policies.liveness import plan_liveness
+
+    schedule = plan_liveness(PlanContext(graph))
+    ex = Executor(program, graph, schedule, device)
+    try:
+        ex.prepare()
+        ex.step(batch, hand_over=True)
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
+                                     profile_memory=True) as prof:
+            ex.release()
+            mark_window()
+            with torch.profiler.record_function("snsim#-1"):
+                ex.prepare(fresh=True)
+            ex.step(batch, annotate=True, hand_over=True)
+    finally:
+        ex.close()
+    levels = per_op_levels(prof)
+    out: dict[int, int] = {}
+    level = levels.get(-1, (0, 0))[1]
+    for k, op in enumerate(schedule.ops):
+        if k not in levels:
+            continue
+        peak, end = levels[k]
+        if type(op) is Compute and op.phase == "B" and graph.dying.get(op.step):
+            out[op.layer] = max(peak - level, 0)
+        level = end
+    return out

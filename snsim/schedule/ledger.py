@@ -10,7 +10,9 @@ that names the op), and returns one :data:`Effect` per op:
 * ``alloc_bytes``: the bytes of the tensors the op makes resident (a compute
   step's outputs that are not already resident, a prefetch's tensor);
 * ``workspace_bytes``: a compute step's transient workspace, held only for
-  its duration;
+  its duration (for a backward step that hands its dying reads to autograd,
+  :func:`hands_over`, what makes ``alloc + workspace`` its measured peak above
+  the level before it, which may be negative);
 * ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
   offload of the tensor still copying ends: that part is time, and belongs
   to the interpreter that keeps time).
@@ -30,7 +32,7 @@ from typing import Sequence
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
-from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.schedule.ops import RELEASE, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
@@ -113,7 +115,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 elif t[0] != "S":
                     fail(k, f"allocates {tensor_name(t)}, which is already resident")
                 # a resident S (saved extras re-made by a recompute) is overwritten in place
-            append((nbytes, graph.workspace_bytes(step, op.algo) if ws else 0, 0))
+            append((nbytes, workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -155,11 +157,12 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
 def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
     """:func:`walk` without the rules: the same residency, so the same bytes."""
     resident: set = set()
+    host: set = set()
     add, discard = resident.add, resident.discard
     allocs_of, size, layers = graph.allocs_map, graph.size, graph.layers
     out: list[Effect] = []
     append = out.append
-    for op in ops:
+    for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
             step = (op.phase, op.layer)
@@ -168,7 +171,7 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
                 if t not in resident:
                     add(t)
                     nbytes += size(t)
-            append((nbytes, graph.workspace_bytes(step, op.algo)
+            append((nbytes, workspace(graph, ops, k, nbytes, host)
                     if layers[op.layer].workspace else 0, 0))
         elif tp is Free:
             discard(op.tensor)
@@ -177,8 +180,53 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
             add(op.tensor)
             append((size(op.tensor), 0, 0))
         else:
+            if tp is Offload:
+                host.add(op.tensor)
             append(_NONE)
     return out
+
+
+def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
+    """Tensors backward step ``ops[k]`` needs that the run of frees right after it
+    releases: those the executor hands to autograd for the step (DESIGN, "Dying
+    reads").  Not among them: a tensor with a host copy (its free may wait for
+    the copy) and the step's own output gradient ``G_i``, which the step holds
+    throughout."""
+    step = ops[k].step
+    needs = graph.needs_map[step]
+    own = ("G", step[1])
+    out = []
+    for op in ops[k + 1:]:
+        if op.action != RELEASE:
+            break
+        t = op.tensor
+        if t in needs and t not in host and t != own:
+            out.append(t)
+    return out
+
+
+def hands_over(graph: Graph, ops: Sequence[Op], k: int, host=()) -> bool:
+    """Does backward step ``ops[k]`` hand its dying reads to autograd?  Only where the
+    trace measured that (``bwd_released``) for exactly these dying reads: the ones
+    liveness frees after the step."""
+    op = ops[k]
+    step = op.step
+    if graph.bwd_released(step, op.algo) is None:
+        return False
+    dying = graph.dying.get(step)
+    return bool(dying) and set(dying_reads(graph, ops, k, host)) == dying
+
+
+def workspace(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> int:
+    """Workspace of compute step ``ops[k]`` that allocates ``nbytes``; for a backward
+    step that hands its dying reads to autograd, what makes ``alloc + workspace`` its
+    measured peak above the level before it (possibly negative: autograd frees
+    what the step read as its nodes run)."""
+    op = ops[k]
+    step = (op.phase, op.layer)
+    if op.phase == "B" and hands_over(graph, ops, k, host):
+        return graph.bwd_released(step, op.algo) - nbytes
+    return graph.workspace_bytes(step, op.algo)
 
 
 def effects(graph: Graph, schedule: Schedule) -> list[Effect]:

@@ -113,7 +113,8 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
 def _layer(raw: dict[str, Any]) -> Layer:
     ws = tuple(Workspace(algo=w["algo"], bytes=int(w["bytes"]), fwd_ms=float(w["fwd_ms"]),
                          bwd_ms=float(w["bwd_ms"]),
-                         bwd_bytes=int(w["bwd_bytes"]) if "bwd_bytes" in w else None)
+                         bwd_bytes=int(w["bwd_bytes"]) if "bwd_bytes" in w else None,
+                         bwd_released=int(w["bwd_released"]) if "bwd_released" in w else None)
                for w in raw.get("workspace", []))
     return Layer(id=raw["id"], name=raw["name"], kind=raw["kind"],
                  inputs=tuple(raw["inputs"]), output_bytes=int(raw["output_bytes"]),
@@ -181,6 +182,8 @@ def to_dict(trace: Trace) -> dict[str, Any]:
                          "bwd_ms": w.bwd_ms}
                 if w.bwd_bytes is not None:
                     entry["bwd_bytes"] = w.bwd_bytes
+                if w.bwd_released is not None:
+                    entry["bwd_released"] = w.bwd_released
                 raw["workspace"].append(entry)
         raw.update(layer.extra)
         layers.append(raw)

@@ -27,6 +27,9 @@ class Workspace:
     fwd_ms: float
     bwd_ms: float
     bwd_bytes: int | None = None
+    # the backward step's peak above the level before it when the tensors it reads for
+    # the last time are handed to autograd (docs/DESIGN.md, "Dying reads")
+    bwd_released: int | None = None
 
     @property
     def fwd_bytes(self) -> int:

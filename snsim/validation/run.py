@@ -150,7 +150,7 @@ def validate_case(case: Case, session: Session | None = None,
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
         schedule, pred = predict(graph, case.policy, budget)
         policy = pred.policy
-        live = pred if policy == "liveness" and budget is None else liveness_prediction(graph)
+        live = liveness_prediction(graph)
         # ---- real run (nothing below feeds the prediction above) ----
         dev = torch.device(case.device)
         ms, example, program = build_program(case)
@@ -205,14 +205,18 @@ def validate_case(case: Case, session: Session | None = None,
 
 
 def liveness_prediction(graph):
-    """What ``liveness`` predicts with the whole device memory (never infeasible for lack of it)."""
-    from snsim import policies
-    from snsim.policies.base import PlanContext
+    """What ``liveness`` predicts for a plain PyTorch step, with the whole device memory.
+
+    The one difference from policy ``liveness``: the input batch ``X_0`` is never
+    freed, since the user's training loop holds it for the whole step."""
+    from snsim.graph import X
+    from snsim.policies.liveness import liveness_ops
+    from snsim.schedule.ops import RELEASE, Schedule
     from snsim.sim import simulate
 
     huge = 1 << 60
-    return simulate(graph, policies.plan("liveness", PlanContext(graph, huge)), huge,
-                    record=False)
+    ops = [op for op in liveness_ops(graph) if not (op.action == RELEASE and op.tensor == X(0))]
+    return simulate(graph, Schedule("liveness", ops, huge), huge, record=False)
 
 
 def plain_autograd_peak(program, example, device) -> int:
