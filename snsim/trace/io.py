@@ -24,8 +24,8 @@ from snsim.fileio import write_json
 from snsim.trace.fastcheck import Unsupported, compile_schema
 from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace
 
-_LAYER_KEYS = {"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
-               "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace"}
+_LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
+               "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
 _validator = None
 _fast = None
@@ -131,17 +131,26 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
                 raise TraceError(f"{label}: field device.{key}: bandwidth must be finite")
 
 
+_READS: dict[tuple, frozenset[str]] = {}   # bwd_reads lists -> one shared frozenset each
+
+
 def _layer(raw: dict[str, Any]) -> Layer:
     ws = tuple(Workspace(algo=w["algo"], bytes=int(w["bytes"]), fwd_ms=float(w["fwd_ms"]),
                          bwd_ms=float(w["bwd_ms"]),
                          bwd_bytes=int(w["bwd_bytes"]) if "bwd_bytes" in w else None)
-               for w in raw.get("workspace", []))
+               for w in raw["workspace"]) if "workspace" in raw else ()
+    reads = tuple(raw["bwd_reads"])
+    fs = _READS.get(reads)
+    if fs is None:
+        fs = _READS[reads] = frozenset(reads)
+    extra = {} if raw.keys() <= _LAYER_KEYS else \
+        {k: v for k, v in raw.items() if k not in _LAYER_KEYS}
     return Layer(id=raw["id"], name=raw["name"], kind=raw["kind"],
                  inputs=tuple(raw["inputs"]), output_bytes=int(raw["output_bytes"]),
                  param_bytes=int(raw["param_bytes"]), fwd_ms=float(raw["fwd_ms"]),
-                 bwd_ms=float(raw["bwd_ms"]), bwd_reads=frozenset(raw["bwd_reads"]),
+                 bwd_ms=float(raw["bwd_ms"]), bwd_reads=fs,
                  saved_extra_bytes=int(raw.get("saved_extra_bytes", 0)), workspace=ws,
-                 extra={k: v for k, v in raw.items() if k not in _LAYER_KEYS})
+                 extra=extra)
 
 
 def from_dict(doc: Any, label: str = "<trace>") -> Trace:
