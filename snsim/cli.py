@@ -82,7 +82,8 @@ def cmd_simulate(args) -> int:
     results = _run_policies(graph, args.policy, budget, record)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
-    prov = provenance(config)
+    # provenance (it imports numpy for its version) only for the files that carry it
+    prov = provenance(config) if record else None
     if args.timeline:
         from snsim.plots.timeline import plot_timeline
 

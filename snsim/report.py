@@ -1,10 +1,12 @@
-"""Tables for people: trace summaries and policy comparisons (pandas)."""
+"""Tables for people: trace summaries and policy comparisons (pandas).
+
+pandas is imported by the functions that draw a table, not by the module:
+``snsim simulate --json`` only ranks results and never pays for it.
+"""
 
 from __future__ import annotations
 
 from typing import Sequence
-
-import pandas as pd
 
 from snsim.graph import Graph
 from snsim.sim.result import SimResult
@@ -17,6 +19,8 @@ def rank(results: Sequence[SimResult]) -> list[SimResult]:
 
 
 def comparison_table(results: Sequence[SimResult]) -> str:
+    import pandas as pd
+
     rows = []
     for r in rank(results):
         rows.append({
@@ -68,6 +72,8 @@ def single_table(r: SimResult) -> str:
 
 
 def trace_summary(graph: Graph) -> str:
+    import pandas as pd
+
     t = graph.trace
     df = pd.DataFrame([{"kind": layer.kind, "output_bytes": layer.output_bytes,
                         "param_bytes": layer.param_bytes, "fwd_ms": layer.fwd_ms,

@@ -6,14 +6,32 @@ resident forward result (output and saved extras of one layer) with the
 smallest ``h = cost / (size x staleness)`` is evicted, and a step that needs
 an evicted tensor recomputes it on demand (``R`` steps), through evicted or
 freed inputs back to resident ones; temporaries made only to recompute are
-freed as soon as their last consumer in the chain has run.  ``cost`` is the
-forward time to recompute the layer from resident tensors (its own plus,
-recursively, that of missing inputs: DTR's evicted neighbourhood e*, without
-its union-find approximation); ``staleness`` is the planned compute time
-since the tensor was last used.  Each eviction scans the ``SAMPLE`` stalest
-evictable tensors (a deterministic sample; the prototype samples too), and
-a tensor whose recomputation would re-run more than ``CHAIN`` layers is not
-a candidate.
+freed as soon as their last consumer in the chain has run.  ``staleness`` is
+the planned compute time since the tensor was last used.
+
+``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
+plus that of every evicted layer connected to it through evicted layers
+(inputs and consumers: the recomputes this eviction would lengthen).  As in
+DTR's prototype, e* is kept as equivalence classes (union-find over the
+evicted layers, each with its summed forward time): evicting a layer joins
+its evicted neighbours' classes, so scoring a candidate costs its degree, not
+a walk.  The prototype never splits a class, which over-states the cost once
+a member is back; here a class that loses a member (recomputed, or no longer
+needed by the route) is rebuilt into its connected pieces, so the classes
+are exactly the components and the score is the exact one.  Two deliberate
+approximations remain: a layer the route has freed (not evicted) is not in
+any class, although a recompute may have to pass through it, and the
+neighbourhood of a saved-extras-only eviction is that of its inputs.  Every
+cost is finite: nothing is "too costly to evict"; a long chain is just
+expensive, as in the paper.
+
+Victims are chosen from a bounded sample, as DTR's prototype does: each
+eviction scores ``SAMPLE`` evictable forward results drawn uniformly (a
+seeded generator: plans are deterministic) and evicts the smallest score.
+When at most ``SAMPLE`` are evictable they are all scored, so the choice is
+the exact heuristic's (``tests/test_dtr.py`` checks it against a brute-force
+scorer).  An eviction costs ``O(SAMPLE x degree)`` plus the amortized class
+rebuilds, so planning is linear in the route and its recomputes.
 Gradients and the data layer's output are never evicted.  Without a budget
 tighter than the liveness peak nothing is evicted: the plan is liveness.
 
@@ -27,6 +45,7 @@ second of recompute, no staleness).  The smallest score is evicted.
 from __future__ import annotations
 
 import math
+import random
 from typing import Callable
 
 from snsim.graph import Graph, Step, Tensor
@@ -38,11 +57,11 @@ from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
 
-# Candidates scanned per eviction, stalest first (DTR's prototype also searches
-# a sample rather than every resident tensor; all of them is quadratic).
+# Candidates scored per eviction (all of them when fewer are evictable).
 SAMPLE = 32
-# Tensors whose recomputation would re-run more layers than this are not evicted.
-CHAIN = 8
+# An eviction that would make an evicted neighbourhood of more layers than this
+# is not a candidate (infinite cost): every recompute chain stays this short.
+CHAIN = 16
 
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
@@ -55,17 +74,49 @@ HEURISTICS: dict[str, Heuristic] = {
 }
 
 
-class _DTR:
-    def __init__(self, graph: Graph, capacity: int, score: Heuristic):
-        self.g, self.cap, self.score = graph, capacity, score
+class Planner:
+    """DTR's replay of the route; :func:`plan_dtr_ops` runs it.
+
+    State a scorer may read: ``resident`` (tensor -> last access, ms),
+    ``pins`` (tensor -> pin count), ``evicted`` (layers whose output was
+    evicted and not yet recomputed), ``clock`` (ms) and ``pos`` (route index).
+    """
+
+    def __init__(self, graph: Graph, capacity: int, score: Heuristic,
+                 sample: int = SAMPLE, chain: int = CHAIN, seed: int = 0):
+        self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
+        self.chain = chain
         self.level = graph.trace.static_bytes
         self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
         self.pins: dict[Tensor, int] = {}
+        self.evicted: set[int] = set()
         self.ops: list[Op] = []
         self.clock = 0.0
         self.pos = 0
         self.reason: str | None = None
         self.evictions = 0
+        self.full_scans = 0
+        self.pool: list[int] = []          # layers with an evictable tensor resident
+        self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
+        self.rng = random.Random(seed)
+        self.inputs = [tuple(dict.fromkeys(layer.inputs)) for layer in graph.layers]
+        self.fwd = [layer.fwd_ms for layer in graph.layers]
+        self.consumers = [tuple(c) for c in graph.consumers]
+        self.near = [i + c for i, c in zip(self.inputs, self.consumers)]
+        self.x_bytes = [layer.output_bytes for layer in graph.layers]
+        self.s_bytes = [layer.saved_extra_bytes for layer in graph.layers]
+        # union-find over the evicted layers: root -> members, forward ms
+        self.parent: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}
+        self.class_ms: dict[int, float] = {}
+        self.dirty: set[int] = set()
+        # route index after which nothing can be recomputed through X_j: the last
+        # use of X_j or of a consumer's output
+        last = graph.last_use
+        self.horizon = [max([last.get(("X", j), -1)]
+                            + [last.get(("X", c), -1) for c in graph.consumers[j]])
+                        for j in range(graph.n)]
+        self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
         for t in ts:
@@ -75,69 +126,176 @@ class _DTR:
         for t in ts:
             self.pins[t] -= 1
 
-    def _victim(self):
-        g, res, pins = self.g, self.resident, self.pins
+    # ------------------------------------------------------------ the pool
+    def _add(self, j: int) -> None:
+        if j not in self.slot:
+            self.slot[j] = len(self.pool)
+            self.pool.append(j)
+
+    def _drop(self, j: int) -> None:
+        k = self.slot.pop(j)
+        last = self.pool.pop()
+        if last != j:
+            self.pool[k] = last
+            self.slot[last] = k
+
+    # -------------------------------------------------------------- scoring
+    def unit(self, j: int) -> list[Tensor] | None:
+        """What evicting layer j's forward result frees (saved extras go with
+        their output: an R step remakes both); None if it cannot go now."""
+        res, pins = self.resident, self.pins
+        x, s = ("X", j), ("S", j)
+        if x in res:
+            if pins.get(x):
+                return None
+            return [x, s] if s in res and not pins.get(s) else [x]
+        if s in res and not pins.get(s):
+            return [s]
+        return None
+
+    # ---------------------------------------- evicted neighbourhoods (classes)
+    def _find(self, j: int) -> int:
+        parent = self.parent
+        root = j
+        while parent[root] != root:
+            root = parent[root]
+        while parent[j] != root:   # path compression
+            parent[j], j = root, parent[j]
+        return root
+
+    def _join(self, a: int, b: int) -> None:
+        ra, rb = self._find(a), self._find(b)
+        if ra == rb:
+            return
+        if len(self.members[ra]) < len(self.members[rb]):
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.members[ra].extend(self.members.pop(rb))
+        self.class_ms[ra] += self.class_ms.pop(rb)
+        if rb in self.dirty:
+            self.dirty.discard(rb)
+            self.dirty.add(ra)
+
+    def _neighbours(self, j: int) -> list[int]:
+        ev = self.evicted
+        return [k for k in self.inputs[j] + self.consumers[j] if k in ev]
+
+    def mark_evicted(self, j: int) -> None:
+        """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
+        if j in self.evicted:
+            return
+        if self.dirty:   # j's old class (if any) lets go of it first
+            self._split_dirty()
+        self.evicted.add(j)
+        self.expiry.setdefault(self.horizon[j], []).append(j)
+        self.parent[j] = j
+        self.members[j] = [j]
+        self.class_ms[j] = self.fwd[j]
+        for k in self._neighbours(j):
+            self._join(j, k)
+
+    def unmark_evicted(self, j: int) -> None:
+        """X_j is back (recomputed) or no longer needed: its class splits (lazily)."""
+        if j in self.evicted:
+            self.evicted.discard(j)
+            self.dirty.add(self._find(j))
+
+    def _split_dirty(self) -> None:
+        # Rebuild each class that lost members into the connected pieces of
+        # what is still evicted: the classes are exactly the components.
+        ev, inputs, consumers, fwd = self.evicted, self.inputs, self.consumers, self.fwd
+        for root in self.dirty:
+            old = self.members.pop(root)
+            self.class_ms.pop(root)
+            for m in old:
+                self.parent.pop(m, None)
+            left = [m for m in old if m in ev]
+            for m in left:
+                if m in self.parent:
+                    continue
+                self.parent[m] = m
+                comp, stack = [m], [m]
+                while stack:
+                    k = stack.pop()
+                    for q in inputs[k] + consumers[k]:
+                        if q in ev and q not in self.parent:
+                            self.parent[q] = m
+                            comp.append(q)
+                            stack.append(q)
+                self.members[m] = comp
+                self.class_ms[m] = sum(fwd[q] for q in comp)
+        self.dirty.clear()
+
+    def cost(self, j: int, with_consumers: bool = True) -> float:
+        """Forward time of recomputing layer j: its own plus that of every
+        evicted class next to it (through inputs, and consumers if evicting
+        X_j, not only its saved extras); ``inf`` if together they would have
+        more than ``CHAIN`` layers."""
+        if self.dirty:
+            self._split_dirty()
+        ev = self.evicted
+        near = [k for k in (self.inputs[j] + self.consumers[j] if with_consumers
+                            else self.inputs[j]) if k in ev]
+        if not near:   # the common case: a one-layer recompute
+            return self.fwd[j]
+        roots = {self._find(k) for k in near}
+        if 1 + sum(len(self.members[r]) for r in roots) > self.chain:
+            return math.inf
+        return self.fwd[j] + sum(self.class_ms[r] for r in roots)
+
+    def best(self, candidates) -> list[Tensor] | None:
+        """The unit with the smallest finite score among ``candidates`` (layers).
+
+        :meth:`unit` and :meth:`cost` inlined: this loop is the planner's hot path."""
+        res, pins, ev = self.resident, self.pins, self.evicted
+        xs, ss, fwd, near, ins = self.x_bytes, self.s_bytes, self.fwd, self.near, self.inputs
+        score, clock, limit = self.score, self.clock, self.chain
+        if self.dirty:
+            self._split_dirty()
         best, best_h = None, None
-        memo: dict[int, float] = {}
-        seen_n = 0
-        for t, seen in res.items():   # stalest first
-            if t[0] == "G" or t[1] == 0 or pins.get(t):
-                continue
-            seen_n += 1
-            if seen_n > SAMPLE:
-                break
-            j = t[1]
-            if t[0] == "S" and ("X", j) in res:
-                continue   # saved extras go with their output (an R step remakes both)
-            unit = [t]
-            other = ("S", j)
-            if t[0] == "X" and other in res and not pins.get(other):
-                unit.append(other)
-            size = sum(g.size(u) for u in unit)
+        for j in candidates:
+            x = ("X", j)
+            if x in res:
+                if pins.get(x):
+                    continue
+                s = ("S", j)
+                unit = [x, s] if s in res and not pins.get(s) else [x]
+                size = xs[j] + (ss[j] if len(unit) == 2 else 0)
+                nb = near[j]
+            else:
+                s = ("S", j)
+                if s not in res or pins.get(s):
+                    continue
+                unit, size, nb = [s], ss[j], ins[j]
             if size <= 0:
                 continue
-            cost = self._cost(j, memo)
-            h = self.score(cost, size, self.clock - seen + 1e-3)
+            if ev.isdisjoint(nb):   # the common case: a one-layer recompute
+                cost = fwd[j]
+            else:
+                roots = {self._find(k) for k in nb if k in ev}
+                if 1 + sum(len(self.members[r]) for r in roots) > limit:
+                    continue   # never evicted: its recompute chain would be too long
+                cost = fwd[j] + sum(self.class_ms[r] for r in roots)
+            h = score(cost, size, clock - res[unit[0]] + 1e-3)
             if best_h is None or h < best_h:
                 best, best_h = unit, h
         return best
 
-    def _cost(self, j: int, memo: dict) -> float:
-        # Forward time to recompute layer j from resident tensors: its own plus,
-        # recursively, that of its missing inputs (DTR's evicted neighbourhood).
-        # A neighbourhood over CHAIN layers counts as infinitely costly.
-        layers, res = self.g.layers, self.resident
-        c = memo.get(j)
-        if c is not None:
-            return c
-        ins = layers[j].inputs
-        if all(("X", x) in res for x in ins):   # the common case: a one-layer recompute
-            c = memo[j] = layers[j].fwd_ms
-            return c
-        stack = [j]
-        visited = 0
-        while stack:
-            k = stack[-1]
-            if k in memo:
-                stack.pop()
-                continue
-            visited += 1
-            if visited > CHAIN:
-                for x in stack:
-                    memo[x] = math.inf
-                return math.inf
-            todo = [x for x in layers[k].inputs if ("X", x) not in res and x not in memo]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            memo[k] = layers[k].fwd_ms + sum(memo[x] for x in dict.fromkeys(layers[k].inputs)
-                                             if ("X", x) not in res)
-        return memo[j]
+    def victim(self) -> list[Tensor] | None:
+        pool = self.pool
+        n = len(pool)
+        if n <= self.sample:
+            return self.best(list(pool))
+        rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
+        picked = self.best([pool[int(rnd() * n)] for _ in range(self.sample)])
+        if picked is None:   # none in the sample can go: look at all of them before giving up
+            self.full_scans += 1
+            picked = self.best(list(pool))
+        return picked
 
     def make_room(self, need: int, step: Step) -> None:
-        while self.level + need > self.cap:
-            unit = self._victim()
+        while self.level + need > self.cap and self.reason is None:
+            unit = self.victim()
             if unit is None:
                 if self.reason is None:
                     self.reason = "after evicting every evictable tensor, " + replay.shortfall(
@@ -148,9 +306,17 @@ class _DTR:
             self.evictions += 1
 
     def free(self, t: Tensor) -> None:
-        del self.resident[t]
+        res = self.resident
+        del res[t]
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
+        j = t[1]
+        if t[0] != "G" and j in self.slot and ("X", j) not in res and ("S", j) not in res:
+            self._drop(j)
+        if t[0] == "X" and j and self.horizon[j] > self.pos:
+            # evicted, or freed while a consumer's output may still be recomputed
+            # through it: part of the evicted neighbourhoods until then
+            self.mark_evicted(j)
 
     def compute(self, step: Step) -> None:
         """Run a route step, first recomputing what it needs that is missing."""
@@ -172,10 +338,16 @@ class _DTR:
         self.clock += g.step_ms(step)
         for t in new:
             self.level += g.size(t)
+            if t[0] != "G" and t[1] != 0:
+                self._add(t[1])
+                if t[0] == "X":
+                    self.unmark_evicted(t[1])
         res = self.resident
-        for t in needs + tuple(new):
-            res.pop(t, None)   # keep ``resident`` ordered stalest first
-            res[t] = self.clock
+        clock = self.clock
+        for t in needs:
+            res[t] = clock
+        for t in new:
+            res[t] = clock
         self.unpin(allocs)
 
     def remat(self, layers: list[int]) -> None:
@@ -210,15 +382,17 @@ class _DTR:
                     self.free(u)
 
 
-def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr"
+def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr", sample: int = SAMPLE,
+                 chain: int = CHAIN, planner: type[Planner] = Planner
                  ) -> tuple[list[Op], dict, str | None]:
-    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`)."""
+    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`),
+    scoring ``sample`` candidates per eviction (``planner``: a :class:`Planner` subclass)."""
     try:
         score = HEURISTICS[heuristic]
     except KeyError:
         raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
                          + ", ".join(HEURISTICS)) from None
-    d = _DTR(graph, capacity, score)
+    d = planner(graph, capacity, score, sample, chain)
     _, frees = sequences.use_positions(graph, graph.route)
     for p, step in enumerate(graph.route):
         d.pos = p
@@ -226,7 +400,9 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr"
         for t in frees[p]:
             if t in d.resident:
                 d.free(t)
-    return d.ops, {"evictions": d.evictions}, d.reason
+        for j in d.expiry.pop(p, ()):
+            d.unmark_evicted(j)   # nothing left to recompute through it: out of its class
+    return d.ops, {"evictions": d.evictions, "full_scans": d.full_scans}, d.reason
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)

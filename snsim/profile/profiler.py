@@ -301,8 +301,20 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         finally:
             torch.set_num_threads(threads)
         doc = executor_measures.with_measurements(doc, found, steps, dev, warmup, repeats)
-    from_dict(doc, f"<profile of {spec}>")
+    _validate(doc, f"<profile of {spec}>")
     return doc
+
+
+# The text of the last document :func:`profile` validated: :func:`write` of the
+# same document (same text) does not validate it a second time.
+_validated_text: str | None = None
+
+
+def _validate(doc: dict[str, Any], label: str) -> str:
+    global _validated_text
+    from_dict(doc, label)
+    _validated_text = dumps(doc)
+    return _validated_text
 
 
 def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
@@ -450,6 +462,11 @@ def dumps(doc: dict[str, Any]) -> str:
 
 
 def write(doc: dict[str, Any], path: str | os.PathLike) -> None:
-    """Validate ``doc`` and write it whole (temporary file + rename)."""
-    from_dict(doc, str(path))
-    write_atomic(path, dumps(doc))
+    """Validate ``doc`` and write it whole (temporary file + rename).
+
+    A document that :func:`profile` has just validated, unchanged since (the
+    same JSON text), is not validated again."""
+    text = dumps(doc)
+    if text != _validated_text:
+        from_dict(doc, str(path))
+    write_atomic(path, text)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import simpy
 
-from snsim.graph import Graph, step_name, tensor_name
+from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 from snsim.sim.result import Interval, MemoryPoint, SimResult
@@ -36,13 +36,14 @@ class _Infeasible(Exception):
 class _Run:
     """State of one replay; :func:`simulate` is the public entry."""
 
-    def __init__(self, graph: Graph, schedule: Schedule, capacity: int, record: bool):
+    def __init__(self, graph: Graph, schedule: Schedule, capacity: int, record: bool,
+                 static_bytes: int | None = None):
         self.g = graph
         self.schedule = schedule
         self.capacity = capacity
         self.record = record
         self.env = simpy.Environment()
-        self.level = graph.trace.static_bytes
+        self.level = graph.trace.static_bytes if static_bytes is None else static_bytes
         self.peak = self.level
         self.offloading: dict = {}    # tensor -> completion event of its D2H copy
         self.inbound: dict = {}       # tensor -> completion event of its H2D copy
@@ -64,15 +65,23 @@ class _Run:
         self.env.process(self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
+        # each op's duration (0 for the ops that are not computes), computed once,
+        # and the planned time of the route's steps (the recomputes left out)
+        step_ms = graph.step_ms
+        durations = []
+        planned = 0.0
+        for op in schedule.ops:
+            if type(op) is Compute:
+                d = step_ms((op.phase, op.layer), op.algo)
+                if op.phase != "R":
+                    planned += d
+            else:
+                d = 0.0
+            durations.append(d)
+        self.durations, self.planned_ms = durations, planned
         self.done = self.env.process(self._compute_stream())
 
     # -------------------------------------------------------------- memory
-    def _mark(self, what: str) -> None:
-        if self.level > self.peak:
-            self.peak = self.level
-        if self.record:
-            self.timeline.append(MemoryPoint(self.env.now, self.level, what))
-
     def _release(self, t, nbytes: int) -> None:
         self.level -= nbytes
         if self.record:
@@ -100,38 +109,52 @@ class _Run:
 
     # ------------------------------------------------------------- streams
     def _compute_stream(self):
+        # The hot loop of the simulator: one pass over the ops with the ledger's
+        # effects and each compute op's duration precomputed (``durations``);
+        # names of steps and tensors are built only when recording.
         g, env = self.g, self.env
         size = g.size
+        record = self.record
+        capacity = self.capacity
+        timeout = env.timeout
+        forward_end = g.forward_end
         done_route = 0
-        for op, (nbytes, ws, freed) in zip(self.schedule.ops, self.effects):
+        for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects, self.durations):
             tp = type(op)
             if tp is Compute:
-                step = op.step
                 need = ws + nbytes
-                if self.level + need > self.capacity:
+                if self.level + need > capacity:
                     try:
-                        yield from self._reserve(need, f"step {step_name(step)} "
+                        yield from self._reserve(need, f"step {op.phase}{op.layer} "
                                                  f"({g.layers[op.layer].name})")
                     except _Infeasible:
                         return
-                self.level += need
-                self._mark(step_name(step))
-                dur = g.step_ms(step, op.algo)
+                level = self.level = self.level + need
+                if level > self.peak:
+                    self.peak = level
+                if record:
+                    self.timeline.append(MemoryPoint(env.now, level, f"{op.phase}{op.layer}"))
                 start = env.now
                 if dur:
-                    yield env.timeout(dur)
+                    yield timeout(dur)
                 if op.phase == "R":
                     self.recompute_ms += dur
                 else:
                     done_route += 1
-                    if done_route == g.forward_end:
+                    if done_route == forward_end:
                         self.forward_end_ms = env.now
-                if self.record:
-                    self.intervals.append(Interval(start, env.now, "compute", step_name(step)))
+                if record:
+                    self.intervals.append(Interval(start, env.now, "compute",
+                                                   f"{op.phase}{op.layer}"))
                 if ws:
                     self.level -= ws
-                    if self.record:
+                    if record:
                         self.timeline.append(MemoryPoint(env.now, self.level, "workspace"))
+            elif tp is Free and not self.offloading:   # the common case: freed now
+                self.level -= freed
+                if record:
+                    self.timeline.append(MemoryPoint(env.now, self.level,
+                                                     "free " + tensor_name(op.tensor)))
             elif tp is Free:
                 t = op.tensor
                 if t in self.offloading:
@@ -155,7 +178,11 @@ class _Run:
                     except _Infeasible:
                         return
                 self.level += nbytes
-                self._mark("prefetch " + tensor_name(t))
+                if self.level > self.peak:
+                    self.peak = self.level
+                if self.record:
+                    self.timeline.append(MemoryPoint(env.now, self.level,
+                                                     "prefetch " + tensor_name(t)))
                 ev = env.event()
                 self.inbound[t] = ev
                 self.h2d_bytes += nbytes
@@ -203,18 +230,18 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     """
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
-    run = _Run(graph, schedule, capacity, record)
+    static = trace.static_bytes   # a sum over the layers: once
+    run = _Run(graph, schedule, capacity, record, static)
     if schedule.infeasible_reason is None:
         run.env.run()
     feasible = run.reason is None and schedule.infeasible_reason is None
     reason = schedule.infeasible_reason or run.reason
-    planned_ms = sum(graph.step_ms(op.step, op.algo) for op in schedule.ops
-                     if type(op) is Compute and op.phase != "R")
+    planned_ms = run.planned_ms
     iteration_ms = run.env.now
     return SimResult(
         policy=schedule.policy, trace=trace.label, model=trace.model, batch=trace.batch,
         budget_bytes=budget_bytes, capacity_bytes=capacity, feasible=feasible,
-        peak_bytes=run.peak, static_bytes=trace.static_bytes,
+        peak_bytes=run.peak, static_bytes=static,
         lower_bound_bytes=graph.lower_bound_bytes, iteration_ms=iteration_ms,
         compute_ms=planned_ms, recompute_ms=run.recompute_ms, stall_ms=run.stall_ms,
         h2d_bytes=run.h2d_bytes, d2h_bytes=run.d2h_bytes,

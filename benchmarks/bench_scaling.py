@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Policies at scale: depth doubling from 1k to 32k layers (issue 13).
+
+ResNet-shaped traces (``synth.resnet((3, 4, k, 3))``, bottleneck blocks
+added to the third stage until the trace has about N layers), every policy
+at 1.05x and 1.5x the lower bound: wall time of plan + verify + simulate,
+in process, per depth; then the slope of log(time) over log(layers), a
+least-squares fit over the depths, printed beside the target (<= 1.2: linear
+or n log n), and the time at the deepest trace beside its target (<= 5 s).
+Prints only; no assertions.
+
+    python benchmarks/bench_scaling.py [--sizes 1000,2000,4000,8000,16000,32000]
+                                       [--policies dtr,superneurons]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from snsim import synth
+from snsim.graph import Graph
+from snsim.policies import names, plan
+from snsim.policies.base import PlanContext
+from snsim.schedule import verify
+from snsim.sim import simulate
+
+FACTORS = (1.05, 1.5)
+
+
+def deep_resnet(layers: int):
+    """A bottleneck ResNet with about ``layers`` layers (10 per block in stage 3)."""
+    base = len(synth.resnet((3, 4, 1, 3), batch=8, image=64).layers)
+    k = max(1, 1 + (layers - base) // 10)
+    return synth.resnet((3, 4, k, 3), batch=8, image=64, model=f"resnet-deep{layers}")
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-6)) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    num = sum((a - mx) * (b - my) for a, b in zip(lx, ly))
+    den = sum((a - mx) ** 2 for a in lx)
+    return num / den if den else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,2000,4000,8000,16000,32000")
+    ap.add_argument("--policies", default=",".join(names()))
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    pols = args.policies.split(",")
+    times: dict[tuple[str, float], list[float]] = {(p, f): [] for p in pols for f in FACTORS}
+    feas: dict[tuple[str, float], list[bool]] = {(p, f): [] for p in pols for f in FACTORS}
+    real = []
+    for n in sizes:
+        g = Graph(deep_resnet(n))
+        real.append(g.n)
+        line = []
+        for f in FACTORS:
+            budget = int(f * g.lower_bound_bytes)
+            ctx = PlanContext(g, budget)
+            for p in pols:
+                t0 = time.perf_counter()
+                s = plan(p, ctx)
+                verify(g, s)
+                r = simulate(g, s, budget, record=False)
+                dt = time.perf_counter() - t0
+                times[(p, f)].append(dt)
+                feas[(p, f)].append(r.feasible)
+                line.append(f"{p}@{f}x {dt:.2f}s")
+        print(f"{g.n} layers: " + ", ".join(line), flush=True)
+    print()
+    print(f"plan+verify+simulate seconds by depth (layers {real}); slope of log time over "
+          "log layers (target <= 1.2); deepest trace (target <= 5 s); F = feasible at "
+          "the deepest")
+    worst = 0.0
+    for f in FACTORS:
+        for p in pols:
+            ts = times[(p, f)]
+            k = slope(real, ts) if len(real) > 1 else float("nan")
+            worst = max(worst, k) if not math.isnan(k) else worst
+            cells = " ".join(f"{t:6.2f}" for t in ts)
+            print(f"  {p:>16} @ {f:.2f}x  {cells}  slope {k:5.2f} "
+                  f"({'met' if k <= 1.2 else 'MISSED'})  deepest {ts[-1]:5.2f} s "
+                  f"({'met' if ts[-1] <= 5 else 'MISSED'})  {'F' if feas[(p, f)][-1] else '-'}")
+    print(f"  largest slope: {worst:.2f} (target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Whole-process speed a user feels: the README's commands, start to exit (issue 13).
+
+Each command runs as its own process (``python -m snsim.cli ...``, output
+discarded); the wall time is the median of ``--repeats`` runs, and the peak
+RSS is the process's own (``os.wait4``).  Beside each figure: its target.
+A simpy loop of the simulator's three-process shape gives the reference
+events/s on this machine in the same minutes.  Prints only; no assertions.
+
+    python benchmarks/bench_whole.py [--repeats 5] [--trace traces/k40c_resnet2500_b32.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_once(argv: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB, exit code) of one ``snsim`` process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "snsim.cli", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode not in (0,):
+        print(f"    ! exit {proc.returncode}: {err.strip()[:200]}")
+    return wall, usage.ru_maxrss / 1024, proc.returncode
+
+
+def simpy_reference(n: int = 20_000) -> float:
+    """Events/s of bare simpy: a compute process with n timeouts, two idle copy stores."""
+    import simpy
+
+    env = simpy.Environment()
+    h2d, d2h = simpy.Store(env), simpy.Store(env)
+
+    def engine(q):
+        while True:
+            yield q.get()
+
+    def compute():
+        for _ in range(n):
+            yield env.timeout(1.0)
+
+    env.process(engine(h2d))
+    env.process(engine(d2h))
+    env.process(compute())
+    t0 = time.perf_counter()
+    env.run()
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--trace", default="traces/k40c_resnet2500_b32.json")
+    args = ap.parse_args()
+    t = args.trace
+    cases = [
+        ("liveness --json", ["simulate", t, "--policy", "liveness", "--json"], 0.5),
+        ("superneurons --json", ["simulate", t, "--policy", "superneurons", "--json"], 1.0),
+        ("dtr --budget 1.05xlb --json",
+         ["simulate", t, "--policy", "dtr", "--budget", "1.05xlb", "--json"], 2.0),
+        ("all --json", ["simulate", t, "--policy", "all", "--json"], 4.0),
+        ("liveness (table)", ["simulate", t, "--policy", "liveness"], None),
+        ("info", ["info", t], None),
+        ("quick start: resnet50 all 1.5GiB",
+         ["simulate", "traces/k40c_resnet50_b32.json", "--policy", "all", "--budget", "1.5GiB"],
+         None),
+    ]
+    print(f"whole process, median of {args.repeats} (python -m snsim.cli ..., {t})")
+    peak_rss = 0.0
+    for label, argv, target in cases:
+        runs = [run_once(argv) for _ in range(args.repeats)]
+        wall = statistics.median(r[0] for r in runs)
+        rss = max(r[1] for r in runs)
+        if t in argv and argv[0] == "simulate":
+            peak_rss = max(peak_rss, rss)
+        verdict = "" if target is None else (
+            f"target <= {target:.1f} s: {'met' if wall <= target else 'MISSED'}")
+        print(f"  {label:<34} {wall:6.3f} s  peak RSS {rss:6.1f} MiB  {verdict}")
+    print(f"  peak RSS of a {Path(t).stem} simulation: {peak_rss:.1f} MiB "
+          f"(target <= 400 MiB: {'met' if peak_rss <= 400 else 'MISSED'})")
+    ref = statistics.median(simpy_reference() for _ in range(3))
+    print(f"  bare simpy, three-process shape: {ref / 1e6:.2f} M events/s on this machine now "
+          "(the simulator's target: >= 0.5 M events/s, benchmarks/bench_core.py)")
+
+
+if __name__ == "__main__":
+    main()
