@@ -41,7 +41,7 @@ def bench(name: str, trace, repeats: int, policy: str = "liveness") -> None:
         run = {}
 
         def sim():
-            r = engine._Run(g, s, BUDGET, record=False)
+            r = engine.Replay(g, s, BUDGET, record=False)
             r.env.run()
             run["events"] = next(r.env._eid)  # simpy's count of scheduled events
             return r

@@ -194,3 +194,23 @@ def test_the_walk_sees_the_tree():
     assert len(MODULES) > 40 and len(edges) > 100
     assert ("snsim.profile.transients", "snsim.execute.executor") in {(a, b) for a, b, _, _ in edges}
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+
+
+# The interpreters of a schedule dispatch on ``op.action`` (snsim/schedule/ops.py), so a
+# new op kind with an existing action is the ops module's and the ledger's alone.
+INTERPRETERS = ("snsim.sim.engine", "snsim.execute.executor", "snsim.policies.replay")
+OP_KINDS = {"Free", "Offload", "Prefetch", "Wait"}
+
+
+@pytest.mark.parametrize("mod", INTERPRETERS)
+def test_interpreters_never_name_an_op_kind(mod):
+    named = [(line, sorted(OP_KINDS & set(names))) for src, names, line in _imports(MODULES[mod])
+             if src == "snsim.schedule.ops" and OP_KINDS & set(names)]
+    assert named == [], f"{mod} imports op classes {named}; dispatch on op.action"
+
+
+def test_every_op_kind_has_an_action():
+    from snsim.schedule import ops
+
+    for name in OP_KINDS | {"Compute"}:
+        assert getattr(ops, name).action in ops.ACTIONS, name

@@ -24,8 +24,9 @@ import simpy
 
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
-from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
-from snsim.sim.result import Interval, MemoryPoint, SimResult
+from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Schedule
+from snsim.sim.result import (Interval, IntervalKind, LevelKind, MemoryPoint, SimResult,
+                              Stream)
 from snsim.units import fmt_bytes
 
 
@@ -33,8 +34,9 @@ class _Infeasible(Exception):
     pass
 
 
-class _Run:
-    """State of one replay; :func:`simulate` is the public entry."""
+class Replay:
+    """State of one replay: build it, ``env.run()`` it, read ``peak`` and ``env.now``;
+    :func:`simulate` does that and returns a :class:`SimResult`."""
 
     def __init__(self, graph: Graph, schedule: Schedule, capacity: int, record: bool,
                  static_bytes: int | None = None):
@@ -56,7 +58,7 @@ class _Run:
         self.d2h_bytes = 0
         self.forward_end_ms = 0.0
         self.reason: str | None = None
-        self.timeline: list[MemoryPoint] = [MemoryPoint(0.0, self.level, "static")]
+        self.timeline: list[MemoryPoint] = [MemoryPoint(0.0, self.level, "static", LevelKind.STATIC)]
         self.intervals: list[Interval] = []
         self.h2d = simpy.Store(self.env)
         self.d2h = simpy.Store(self.env)
@@ -85,7 +87,8 @@ class _Run:
     def _release(self, t, nbytes: int) -> None:
         self.level -= nbytes
         if self.record:
-            self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t)))
+            self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t),
+                                             LevelKind.FREE))
 
     def _reserve(self, nbytes: int, what: str):
         """Wait until ``nbytes`` fit under the capacity (generator)."""
@@ -105,7 +108,8 @@ class _Run:
         if self.env.now > start:
             self.stall_ms += self.env.now - start
             if self.record:
-                self.intervals.append(Interval(start, self.env.now, "compute", "stall", why))
+                self.intervals.append(Interval(start, self.env.now, Stream.COMPUTE, "stall", why,
+                                               IntervalKind.STALL))
 
     # ------------------------------------------------------------- streams
     def _compute_stream(self):
@@ -120,8 +124,8 @@ class _Run:
         forward_end = g.forward_end
         done_route = 0
         for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects, self.durations):
-            tp = type(op)
-            if tp is Compute:
+            act = op.action
+            if act == COMPUTE:
                 need = ws + nbytes
                 if self.level + need > capacity:
                     try:
@@ -144,18 +148,21 @@ class _Run:
                     if done_route == forward_end:
                         self.forward_end_ms = env.now
                 if record:
-                    self.intervals.append(Interval(start, env.now, "compute",
-                                                   f"{op.phase}{op.layer}"))
+                    self.intervals.append(Interval(
+                        start, env.now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
+                        IntervalKind.RECOMPUTE if op.phase == "R" else IntervalKind.STEP))
                 if ws:
                     self.level -= ws
                     if record:
-                        self.timeline.append(MemoryPoint(env.now, self.level, "workspace"))
-            elif tp is Free and not self.offloading:   # the common case: freed now
+                        self.timeline.append(MemoryPoint(env.now, self.level, "workspace",
+                                                         LevelKind.WORKSPACE_END))
+            elif act == RELEASE and not self.offloading:   # the common case: freed now
                 self.level -= freed
                 if record:
                     self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "free " + tensor_name(op.tensor)))
-            elif tp is Free:
+                                                     "free " + tensor_name(op.tensor),
+                                                     LevelKind.FREE))
+            elif act == RELEASE:
                 t = op.tensor
                 if t in self.offloading:
                     # The device copy leaves now (a prefetch may bring the tensor
@@ -163,14 +170,14 @@ class _Run:
                     self.deferred[t] = self.deferred.get(t, 0) + freed
                 else:
                     self._release(t, freed)
-            elif tp is Offload:
+            elif act == TO_HOST:
                 t = op.tensor
                 ev = env.event()
                 self.offloading[t] = ev
                 self.copied_out[t] = ev
                 self.d2h_bytes += size(t)
                 self.d2h.put((t, ev))
-            elif tp is Prefetch:
+            elif act == TO_DEVICE:
                 t = op.tensor
                 if self.level + nbytes > self.capacity:
                     try:
@@ -182,12 +189,13 @@ class _Run:
                     self.peak = self.level
                 if self.record:
                     self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "prefetch " + tensor_name(t)))
+                                                     "prefetch " + tensor_name(t),
+                                                     LevelKind.PREFETCH))
                 ev = env.event()
                 self.inbound[t] = ev
                 self.h2d_bytes += nbytes
                 self.h2d.put((t, ev))
-            elif tp is Wait:
+            elif act == SYNC:
                 ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
                 if not ev.triggered:
                     start = env.now
@@ -207,7 +215,8 @@ class _Run:
             nbytes = size(t)
             yield env.timeout(nbytes / bandwidth * 1e3)
             if self.record:
-                self.intervals.append(Interval(start, env.now, name, tensor_name(t)))
+                self.intervals.append(Interval(start, env.now, Stream(name), tensor_name(t), "",
+                                               IntervalKind.COPY))
             ev.succeed()
             if name == "d2h":
                 if self.offloading.get(t) is ev:
@@ -216,7 +225,8 @@ class _Run:
                     self.level -= self.deferred.pop(t)
                     if self.record:
                         self.timeline.append(MemoryPoint(env.now, self.level,
-                                                         "free " + tensor_name(t)))
+                                                         "free " + tensor_name(t),
+                                                         LevelKind.FREE))
                     old, self.freed_event = self.freed_event, env.event()
                     old.succeed()
 
@@ -231,7 +241,7 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
     static = trace.static_bytes   # a sum over the layers: once
-    run = _Run(graph, schedule, capacity, record, static)
+    run = Replay(graph, schedule, capacity, record, static)
     if schedule.infeasible_reason is None:
         run.env.run()
     feasible = run.reason is None and schedule.infeasible_reason is None

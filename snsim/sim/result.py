@@ -3,7 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
+
+
+class Stream(str, Enum):
+    """Where an interval ran (equal to its plain string, so JSON and old callers read it)."""
+
+    COMPUTE = "compute"
+    H2D = "h2d"
+    D2H = "d2h"
+
+
+class IntervalKind(str, Enum):
+    STEP = "step"            # a route step, F or B
+    RECOMPUTE = "recompute"  # an R step
+    COPY = "copy"            # an offload or prefetch on a copy engine
+    STALL = "stall"          # the compute stream waiting (for a copy or for memory)
+
+
+class LevelKind(str, Enum):
+    """What changed the memory level at a :class:`MemoryPoint`."""
+
+    STATIC = "static"        # weights and weight gradients, at time 0
+    STEP = "step"            # a compute step's allocations and workspace
+    WORKSPACE_END = "workspace"
+    FREE = "free"            # a free (or the end of an offload a free waited for)
+    PREFETCH = "prefetch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,9 +38,10 @@ class Interval:
 
     start_ms: float
     end_ms: float
-    stream: str   # "compute", "h2d", "d2h"
+    stream: Stream
     name: str     # "F3", "B3", "R3", "X3", "stall"
     detail: str = ""
+    kind: IntervalKind = IntervalKind.STEP
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +50,8 @@ class MemoryPoint:
 
     time_ms: float
     level_bytes: int
-    what: str
+    what: str     # "F3", "free X3", "prefetch X3", "workspace", "static"
+    kind: LevelKind = LevelKind.STEP
 
 
 @dataclass(frozen=True)
