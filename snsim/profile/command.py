@@ -7,6 +7,7 @@ imports torch at module level: ``snsim --help`` works without torch.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from snsim.errors import SnsimError, require_torch
 from snsim.fileio import check_writable
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed runs before timing (default: %(default)s)")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (it is off anyway when stderr is not a terminal)")
     parser.add_argument("--list-models", action="store_true", help="list the model zoo")
     parser.add_argument("--list-device-models", action="store_true",
                         help="list device presets with their numbers and sources")
@@ -66,13 +67,23 @@ def run(args: argparse.Namespace) -> int:
         raise SnsimError(f"snsim profile needs {', '.join(missing)} "
                          "(or --list-models / --list-device-models)")
     shape = parse_shape(args.input_shape)
+    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
+        raise SnsimError(f"--batch and --repeats must be at least 1, --warmup at least 0; got "
+                         f"{args.batch}, {args.repeats}, {args.warmup}")
+    if args.device_model is not None:
+        from snsim import devices
+
+        devices.get(args.device_model)  # an unknown preset before any model is built
+        if args.device is not None:
+            raise SnsimError("--device measures, --device-model models: give one of them")
     check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler
 
     doc = profiler.profile(args.model, args.batch, shape, device=args.device,
                            device_model=args.device_model, repeats=args.repeats,
-                           warmup=args.warmup, progress=not args.no_progress)
+                           warmup=args.warmup,
+                           progress=not args.no_progress and sys.stderr.isatty())
     profiler.write(doc, args.out)
     src = doc["source"]
     total = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in doc["layers"])
