@@ -45,7 +45,10 @@ def test_simulate_all_json_is_ranked_list(capsys):
     code, out, _ = run_cli(capsys, "simulate", SMALL, "--policy", "all", "--json",
                            "--budget", "1.2xlb")
     rows = json.loads(out)
-    assert isinstance(rows, list) and {r["policy"] for r in rows} >= {"none", "liveness"}
+    from snsim import policies
+
+    assert isinstance(rows, list)
+    assert sorted(r["policy"] for r in rows) == sorted(policies.names())  # each exactly once
     feas = [r["feasible"] for r in rows]
     assert feas == sorted(feas, reverse=True)           # feasible first
     ok = [r["samples_per_s"] for r in rows if r["feasible"]]
@@ -60,12 +63,17 @@ def test_simulate_all_table(capsys):
     assert code == 0 and "peak/LB" in out and "time/compute" in out
 
 
-@pytest.mark.parametrize("budget", ["12GiB", "12GB", "512MiB", "900000000", "1.5xlb"])
-def test_budget_forms(capsys, budget):
+@pytest.mark.parametrize("budget, expect", [
+    ("12GiB", 12 * 2**30), ("12GB", 12 * 10**9), ("512MiB", 512 * 2**20),
+    ("900000000", 900_000_000), ("1.5xlb", None)])
+def test_budget_forms(capsys, budget, expect):
     code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "none", "--json",
                            "--budget", budget)
     assert code == 0
-    assert json.loads(out)["budget_bytes"] > 0
+    d = json.loads(out)
+    if expect is None:  # 1.5 times the lower bound, which the same output reports
+        expect = int(1.5 * d["lower_bound_bytes"])
+    assert d["budget_bytes"] == expect
 
 
 def test_infeasible_is_an_outcome(capsys):
@@ -83,7 +91,8 @@ def test_timeline_and_chrome_trace(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads(chrome.read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
-    assert "F1" in names and "memory" in names
+    layer1 = json.loads(pathlib.Path(SMALL).read_text())["layers"][1]["name"]
+    assert f"F1 {layer1}" in names and f"B1 {layer1}" in names and "memory" in names
     assert doc["otherData"]["snsim"]["config"]["policy"] == "liveness"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "m.png"]
 
