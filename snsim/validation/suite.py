@@ -247,12 +247,11 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         row["budget"] = case.budget or ""
         rows.append(row)
     if suite.baselines:
-        seen = set()
+        firsts: dict = {}
         for case in cases:
-            key = (case.model, case.batch, case.input_shape)
-            if key not in seen:
-                seen.add(key)
-                base_rows += measure_baselines(case)
+            firsts.setdefault((case.model, case.batch, case.input_shape), case)
+        for case in tqdm(list(firsts.values()), desc="baselines", unit="model"):
+            base_rows += measure_baselines(case)
     df = pd.DataFrame(rows)
     verdict = check(df, suite.tolerance)
     _write_report(out, suite, df, pd.DataFrame([asdict(r) for r in base_rows]), verdict, dev)
@@ -283,6 +282,13 @@ def _check_cases(suite: Suite) -> None:
 
 
 def check(df, tol: Tolerance) -> Verdict:
+    """The verdict over the cases the simulator predicted feasible: an
+    infeasible prediction's peak and time are those of a truncated run and
+    do not enter the statistics (its row stays in the report)."""
+    df = df[df["feasible"].astype(bool)]
+    if df.empty:
+        nan = float("nan")
+        return Verdict(nan, nan, nan, nan, ("no case was predicted feasible: nothing to compare",))
     peak = df["peak_error"].abs()
     time = df["time_error"].abs()
     failures = []
