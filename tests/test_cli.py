@@ -152,3 +152,52 @@ def test_usage_error_one_line():
     p = subprocess.run([sys.executable, "-m", "snsim.cli", "simulate"], capture_output=True,
                        text=True)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("ext, magic", [("png", b"\x89PNG"), ("svg", b"<?xml"), ("pdf", b"%PDF"),
+                                        ("SVG", b"<?xml")])
+def test_timeline_format_follows_extension(capsys, tmp_path, ext, magic):
+    out = tmp_path / f"m.{ext}"
+    assert run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(out))[0] == 0
+    assert out.read_bytes()[:len(magic)] == magic
+
+
+def test_timeline_shades_from_a_feasible_policy_and_draws_device_memory(capsys, tmp_path):
+    """With no budget the device's memory is the line; an infeasible first policy
+    does not set the forward/backward shading (the first feasible one does)."""
+    import dataclasses
+
+    from snsim.plots.timeline import plot_timeline
+
+    svg = tmp_path / "m.svg"
+    assert run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(svg))[0] == 0
+    assert "budget (device memory)" in svg.read_text()
+    from snsim.cli import _load, _run_policies  # noqa: PLC2701 (test of the CLI's own helpers)
+
+    g = _load(SMALL)
+    ok = _run_policies(g, "liveness", None, True)[0]
+    bad = dataclasses.replace(ok, policy="none", feasible=False, forward_end_ms=1.0,
+                              iteration_ms=2.0, reason="x")
+    drawn = {}
+    import matplotlib.axes
+
+    orig = matplotlib.axes.Axes.axvspan
+
+    def spy(self, x0, x1, **kw):
+        drawn[kw.get("label")] = (x0, x1)
+        return orig(self, x0, x1, **kw)
+
+    matplotlib.axes.Axes.axvspan = spy
+    try:
+        plot_timeline([bad, ok], tmp_path / "b.png")
+    finally:
+        matplotlib.axes.Axes.axvspan = orig
+    assert drawn == {"forward": (0, ok.forward_end_ms),
+                     "backward": (ok.forward_end_ms, ok.iteration_ms)}
+
+
+def test_schedule_prints_its_key(capsys):
+    code, out, _ = run_cli(capsys, "schedule", SMALL, "--policy", "liveness")
+    assert code == 0 and out.splitlines()[0].startswith("# key: compute Fi / Bi / Ri")
+    for word in ("Xi", "Gi", "Si", "offload", "prefetch", "wait", "algo=k"):
+        assert word in out.splitlines()[0]
