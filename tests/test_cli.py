@@ -201,3 +201,16 @@ def test_schedule_prints_its_key(capsys):
     assert code == 0 and out.splitlines()[0].startswith("# key: compute Fi / Bi / Ri")
     for word in ("Xi", "Gi", "Si", "offload", "prefetch", "wait", "algo=k"):
         assert word in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("flag, shown", [([], True), (["--no-progress"], False)])
+def test_policy_all_progress_on_a_terminal(capsys, monkeypatch, flag, shown):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = run_cli(capsys, "simulate", SMALL, "--policy", "all", "--json", *flag)
+    assert code == 0 and isinstance(json.loads(out), list)   # stdout stays exact JSON
+    assert ("policies:" in err) == shown, err
+
+
+def test_no_progress_when_not_a_terminal(capsys):
+    code, _, err = run_cli(capsys, "simulate", SMALL, "--policy", "all")
+    assert code == 0 and err == ""

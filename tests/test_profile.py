@@ -502,3 +502,20 @@ def test_measured_profile_closes_every_executor(monkeypatch):
     monkeypatch.setattr(steptimes, "Executor", Counting)
     _profile(Residual)
     assert len(opened) == 2 and closed == opened
+
+
+def test_step_timing_reports_progress_per_step():
+    """time_steps ticks once per training step (warm-up and timed), which the
+    profile's "executor steps" bar counts."""
+    from snsim.graph import Graph
+    from snsim.profile.steptimes import time_steps
+    from snsim.torchgraph.program import Program
+
+    torch.manual_seed(0)
+    model = Residual()
+    doc = _doc(model, 2, (3, 8, 8))
+    example = torch.randn(2, 3, 8, 8)
+    ticks = []
+    times = time_steps(Program(model, example), Graph(from_dict(doc)), example.numpy().copy(),
+                       torch.device("cpu"), 2, 3, tick=lambda: ticks.append(1))
+    assert len(ticks) == 2 + 3 and times

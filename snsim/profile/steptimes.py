@@ -29,8 +29,11 @@ from snsim.torchgraph.program import Program
 
 
 def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
-               warmup: int, repeats: int) -> dict[tuple[str, int], tuple[float, float, float]]:
-    """(phase, layer) -> (median, p10, p90) milliseconds of each compute step."""
+               warmup: int, repeats: int, tick=None
+               ) -> dict[tuple[str, int], tuple[float, float, float]]:
+    """(phase, layer) -> (median, p10, p90) milliseconds of each compute step;
+    ``tick()``, if given, is called after each training step (for progress)."""
+    tick = tick or (lambda: None)
     schedule = plan_none(PlanContext(graph))
     ex = Executor(program, graph, schedule, device)
     samples: dict[int, list[float]] = {}
@@ -38,6 +41,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
         ex.prepare()
         for _ in range(warmup):
             ex.step(batch)
+            tick()
         if device.type == "cuda":
             events: dict[int, tuple[Any, Any]] = {}
 
@@ -57,6 +61,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
                 events.clear()
                 ex.step(batch, hook=hook)
                 torch.cuda.synchronize(device)
+                tick()
                 for k, (s, e) in events.items():
                     samples.setdefault(k, []).append(s.elapsed_time(e))
         else:
@@ -70,6 +75,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
 
             for _ in range(repeats):
                 ex.step(batch, hook=hook)
+                tick()
     finally:
         ex.close()
     return {schedule.ops[k].step: quantiles(v) for k, v in samples.items()}

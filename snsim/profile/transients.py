@@ -93,7 +93,7 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
 
 
 def add_transients(doc: dict, model, example, device: torch.device,
-                   warmup: int = 0, repeats: int = 0) -> dict:
+                   warmup: int = 0, repeats: int = 0, progress: bool | None = None) -> dict:
     """Give each layer of a measured trace document its transient memory.
 
     With ``repeats``, the layers' times become the executor's own per-step
@@ -103,20 +103,34 @@ def add_transients(doc: dict, model, example, device: torch.device,
     entry (the first) has no measured size yet (CPU's ``cpu-default``) gets
     the sizes written into it; a default entry that already carries sizes
     measured for its algorithm (CUDA's cuDNN entries) keeps them.
-    ``source.workspace`` says how it was measured.
+    ``source.workspace`` says how it was measured.  A progress bar on stderr
+    counts the executor's training steps (``progress=None``: only when stderr
+    is a terminal); on a large model they take minutes.
     """
+    import sys
+
+    from tqdm import tqdm
+
     from snsim.trace import from_dict
 
     graph = Graph(from_dict(doc, "<trace being profiled>"))
     program = Program(model, example)
     batch = example.detach().cpu().numpy().copy() if device.type == "cpu" \
         else example.detach().cpu().pin_memory()
-    found = measure_transients(program, graph, batch, device)
-    if repeats > 0:
-        from snsim.profile.steptimes import set_step_times, time_steps
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=3 + (warmup + repeats if repeats > 0 else 0), desc="executor steps",
+               unit="step", leave=False, file=sys.stderr, disable=not show)
+    try:
+        found = measure_transients(program, graph, batch, device)
+        bar.update(3)  # its warm-up step, the annotated step and the analysis
+        if repeats > 0:
+            from snsim.profile.steptimes import set_step_times, time_steps
 
-        set_step_times(doc, time_steps(program, graph, batch, device, warmup, repeats),
-                       warmup, repeats, device)
+            set_step_times(doc, time_steps(program, graph, batch, device, warmup, repeats,
+                                           tick=lambda: bar.update(1)),
+                           warmup, repeats, device)
+    finally:
+        bar.close()
     for i, (fwd, bwd) in found.items():
         layer = doc["layers"][i]
         if layer.get("workspace"):
