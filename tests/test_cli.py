@@ -214,3 +214,16 @@ def test_policy_all_progress_on_a_terminal(capsys, monkeypatch, flag, shown):
 def test_no_progress_when_not_a_terminal(capsys):
     code, _, err = run_cli(capsys, "simulate", SMALL, "--policy", "all")
     assert code == 0 and err == ""
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from snsim.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}"
+               for name, p in sub.choices.items() for a in p._actions
+               if not isinstance(a, argparse._HelpAction) and not a.help and a.dest != "rest"]
+    assert missing == []
