@@ -67,15 +67,19 @@ def run(args: argparse.Namespace) -> int:
         raise SnsimError(f"snsim profile needs {', '.join(missing)} "
                          "(or --list-models / --list-device-models)")
     shape = parse_shape(args.input_shape)
-    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
-        raise SnsimError(f"--batch and --repeats must be at least 1, --warmup at least 0; got "
-                         f"{args.batch}, {args.repeats}, {args.warmup}")
+    # the profiler's own checks, made here before torch is imported or a model built
+    if args.batch < 1:
+        raise SnsimError(f"--batch must be at least 1, got {args.batch}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise SnsimError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, "
+                         f"{args.warmup}")
     if args.device_model is not None:
         from snsim import devices
 
-        devices.get(args.device_model)  # an unknown preset before any model is built
+        devices.get(args.device_model)
         if args.device is not None:
-            raise SnsimError("--device measures, --device-model models: give one of them")
+            raise SnsimError(f"--device-model {args.device_model} models a device; it cannot "
+                             f"be combined with --device {args.device} (measured mode)")
     check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler

@@ -44,12 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: beside the suite file, report-<suite name>)")
 
 
-def check_case(case, trace_path: str | None) -> None:
+def check_case(case, trace_path: str | None) -> str | None:
     """Refuse, before any work, what a validation run would refuse after it:
     an unknown policy, a malformed budget, and a ``--trace`` that is not a
     measured trace of this kind of device (a modeled trace's times are a
     roofline's, not this machine's).  A trace measured on another processor or
-    GPU model is compared with a one-line warning."""
+    GPU model is compared; the warning to print with the result is returned."""
     from snsim import policies
     from snsim.units import parse_budget
 
@@ -61,7 +61,7 @@ def check_case(case, trace_path: str | None) -> None:
     except SnsimError as exc:
         raise SnsimError(f"--budget {case.budget!r}: {exc}") from None
     if trace_path is None:
-        return
+        return None
     from snsim.inputs import load_trace
 
     trace = load_trace(trace_path)
@@ -77,9 +77,9 @@ def check_case(case, trace_path: str | None) -> None:
                          f"on {case.device}")
     here = _device_name(case.device)
     if src.get("device_name") and here and src["device_name"] != here:
-        print(f"snsim: warning: --trace {trace_path} was measured on {src['device_name']}, "
-              f"this machine is {here}: times are compared across processors",
-              file=sys.stderr)
+        return (f"--trace {trace_path} was measured on {src['device_name']}, this machine "
+                f"is {here}: times are compared across processors")
+    return None
 
 
 def _device_name(device: str) -> str | None:
@@ -109,9 +109,11 @@ def run(args: argparse.Namespace) -> int:
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
                 device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup)
-    check_case(case, args.trace)  # before any model is profiled
+    warning = check_case(case, args.trace)  # before any model is profiled
     session = Session(progress=not args.json and not args.no_progress and sys.stderr.isatty())
     out = validate_case(case, session, args.trace)
+    if warning:  # after the run: a refusal of the case comes alone, as one line
+        print(f"snsim: warning: {warning}", file=sys.stderr)
     base_rows = []
     if args.baselines:
         from snsim.validation.suite import measure_baselines
