@@ -227,3 +227,17 @@ def test_every_option_has_help():
                for name, p in sub.choices.items() for a in p._actions
                if not isinstance(a, argparse._HelpAction) and not a.help and a.dest != "rest"]
     assert missing == []
+
+
+@pytest.mark.parametrize("flag, shown", [([], True), (["--no-progress"], False)])
+def test_reading_a_large_trace_shows_progress(capsys, monkeypatch, flag, shown):
+    big = str(ROOT / "traces" / "k40c_resnet2500_b16.json")   # 2.9 MB, ~2 s to check
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    import snsim.cli as cli
+
+    def stop(*_a, **_k):   # stop after the read: the read is what is tested
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_policies", stop)
+    code, _, err = run_cli(capsys, "simulate", big, "--policy", "liveness", *flag)
+    assert code == 130 and ("read and check" in err) == shown, err
