@@ -223,6 +223,12 @@ def test_bad_profile_argument(capsys, tmp_path, guarded, argv, message):
 VAL = ["validate", "--model", "toymodels:residual", "--batch", "2"]
 VALIDATE = {
     "no-model": (["validate", "--batch", "2"], "needs --model"),
+    "unknown-model": (["validate", "--model", "resnet19", "--batch", "2"],
+                      "unknown model 'resnet19'"),
+    "model-parameter": (["validate", "--model", "gpt:seq=64", "--batch", "2"],
+                        "has no parameter 'seq'"),
+    "shape-length": (["validate", "--model", "alexnet", "--batch", "2", "--input-shape", "32"],
+                     "takes an input shape of 3 numbers"),
     "batch-zero": (["validate", "--model", "toymodels:residual", "--batch", "0"], "--batch"),
     "repeats-zero": (VAL + ["--repeats", "0"], "--repeats"),
     "unknown-policy": (VAL + ["--policy", "bogus"], "unknown policy 'bogus'"),
@@ -241,6 +247,10 @@ VALIDATE = {
     "suite-missing": (["validate", "--suite", "{d}/none.toml"], "none.toml"),
     "suite-out-is-the-suite": (["validate", "--suite", "{d}/s.toml", "--out", "{d}/s.toml"],
                                "exists and is not a folder"),
+    "suite-out-unwritable": (["validate", "--suite", "{d}/s.toml", "--out", "/proc/snsim-rep"],
+                             "cannot create report folder /proc/snsim-rep"),
+    "suite-out-under-a-file": (["validate", "--suite", "{d}/s.toml", "--out", "{d}/t.json/rep"],
+                               "cannot create report folder"),
 }
 
 

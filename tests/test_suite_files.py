@@ -51,6 +51,9 @@ BAD = [
     (_suite(tol=GOOD_TOL + "peak_eror_max = 1\n"), "[tolerance] has unknown key"),
     (_suite() + "[extra]\n", "unknown table 'extra'"),
     ("[suite\n", "invalid TOML"),
+    (_suite(case=CASE + CASE.replace("resnet18", "resnet19")), "case 2 (resnet19): unknown model"),
+    (_suite(case=CASE.replace("[3, 32, 32]", "[32, 32]")), "takes an input shape of 3 numbers"),
+    (_suite(case=CASE.replace('"resnet18"', '"gpt:seq=128"')), "has no parameter 'seq'"),
 ]
 
 

@@ -50,6 +50,21 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
+def check_model(spec: str, shape: tuple[int, ...] | None) -> None:
+    """A zoo model name, its parameters and its input shape's length, checked
+    without building anything (a ``package.module:function`` is left to the
+    import).  Needs torch (the zoo defines modules)."""
+    if ":" in spec and "=" not in spec.partition(":")[2]:
+        return
+    from snsim.profile import zoo
+
+    entry, _ = zoo.lookup(spec)
+    if shape is not None and len(shape) != len(entry.input_shape):
+        raise SnsimError(f"model {entry.name} takes an input shape of {len(entry.input_shape)} "
+                         f"numbers like {','.join(map(str, entry.input_shape))}, got "
+                         f"{','.join(map(str, shape))}")
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "list_device_models", False):
         from snsim import devices

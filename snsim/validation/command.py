@@ -51,8 +51,10 @@ def check_case(case, trace_path: str | None) -> str | None:
     roofline's, not this machine's).  A trace measured on another processor or
     GPU model is compared; the warning to print with the result is returned."""
     from snsim import policies
+    from snsim.profile.command import check_model
     from snsim.units import parse_budget
 
+    check_model(case.model, case.input_shape)
     if case.policy != "best" and case.policy not in policies.names():
         raise SnsimError(f"unknown policy {case.policy!r}; choose from: "
                          + ", ".join(policies.names()) + ", best")

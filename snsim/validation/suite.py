@@ -237,7 +237,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
                   budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup)
              for c in suite.cases for pol in c.policies]
     _check_cases(suite)  # every policy and budget, before any model is profiled
-    out.mkdir(parents=True, exist_ok=True)
+    _make_report_folder(out)
     session = Session()
     rows, base_rows = [], []
     for case in tqdm(cases, desc="validate", unit="case"):
@@ -263,13 +263,34 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     return 0 if not verdict.failures else 1
 
 
+def _make_report_folder(out: Path) -> None:
+    """Create ``out`` and make sure a report can be written in it, before any
+    work; one line (and no folder left behind) if it cannot."""
+    from snsim.fileio import check_writable
+
+    existed = out.is_dir()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SnsimError(f"cannot create report folder {out}: {exc.strerror or exc}") from None
+    try:
+        check_writable(out / "report.md")
+    except SnsimError:
+        if not existed:
+            out.rmdir()
+        raise
+
+
 def _check_cases(suite: Suite) -> None:
     """Refuse an unknown policy or a malformed budget before any work starts."""
     from snsim import policies
     from snsim.units import parse_budget
 
+    from snsim.profile.command import check_model
+
     for k, c in enumerate(suite.cases, 1):
         try:
+            check_model(c.model, c.input_shape)
             for pol in c.policies:
                 if pol != "best":
                     policies.get(pol)
