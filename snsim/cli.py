@@ -53,7 +53,7 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
 
         trace, note = retarget(trace, device)
         if note:
-            print(f"snsim: note: {note}", file=sys.stderr)
+            print(f"snsim: note: {printable(note)}", file=sys.stderr)
     return Graph(trace)
 
 
@@ -130,16 +130,16 @@ def cmd_simulate(args) -> int:
             else results[0].to_dict()
         print(json.dumps(out, indent=1))
     elif args.policy == "all":
-        print(comparison_table(results))
+        print(printable_lines(comparison_table(results)))
     else:
-        print(single_table(results[0]))
+        print(printable_lines(single_table(results[0])))
     return 0
 
 
 def cmd_info(args) -> int:
     from snsim.report import trace_summary
 
-    print(trace_summary(_load(args.trace)))
+    print(printable_lines(trace_summary(_load(args.trace))))
     return 0
 
 
@@ -163,11 +163,11 @@ def cmd_schedule(args) -> int:
     verify(graph, schedule)
     print(SCHEDULE_KEY)
     if schedule.infeasible_reason:
-        print(f"# infeasible: {schedule.infeasible_reason}")
+        print(f"# infeasible: {printable(schedule.infeasible_reason)}")
     for k, line in enumerate(schedule.lines()):
         print(f"{k:6d}  {line}")
     for key, value in schedule.stats.items():
-        print(f"# {key}: {value}")
+        print(printable(f"# {key}: {value}"))
     return 0
 
 
@@ -255,6 +255,11 @@ def printable(text: str) -> str:
     """``text`` with control characters (from names in a user's file) escaped,
     so an error stays one line and cannot drive the terminal."""
     return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """:func:`printable` line by line (tables keep their lines)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

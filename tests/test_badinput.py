@@ -290,3 +290,17 @@ def test_validate_warns_for_another_processor(tmp_path):
     doc["source"]["device_name"] = cpu_name()
     path.write_bytes(_j(doc))
     assert check_case(Case(model="alexnet", batch=16, policy="none"), str(path)) is None
+
+
+@pytest.mark.parametrize("argv", [["info"], ["simulate", "--policy", "none"],
+                                  ["simulate", "--policy", "all", "--budget", "1.01xlb"]])
+def test_control_characters_never_reach_the_terminal(capsys, tmp_path, argv):
+    """Names from a user's file are printed with control characters escaped."""
+    doc = _doc(model="evil\x1b[2J")
+    for la in doc["layers"]:
+        la["name"] = f"L\x07{la['id']}"
+    (tmp_path / "t.json").write_bytes(_j(doc))
+    assert main([argv[0], str(tmp_path / "t.json"), *argv[1:]]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "evil\\x1b[2J" in out
