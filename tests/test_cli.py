@@ -158,7 +158,8 @@ def test_usage_error_one_line():
                                         ("SVG", b"<?xml")])
 def test_timeline_format_follows_extension(capsys, tmp_path, ext, magic):
     out = tmp_path / f"m.{ext}"
-    assert run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(out))[0] == 0
+    code = run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(out))[0]
+    assert code == 0
     assert out.read_bytes()[:len(magic)] == magic
 
 
@@ -170,7 +171,8 @@ def test_timeline_shades_from_a_feasible_policy_and_draws_device_memory(capsys, 
     from snsim.plots.timeline import plot_timeline
 
     svg = tmp_path / "m.svg"
-    assert run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(svg))[0] == 0
+    code = run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(svg))[0]
+    assert code == 0
     assert "budget (device memory)" in svg.read_text()
     from snsim.cli import _load, _run_policies  # noqa: PLC2701 (test of the CLI's own helpers)
 

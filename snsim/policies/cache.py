@@ -23,9 +23,10 @@ class CachePlanner:
     """Plan a step sequence with an LRU tensor cache under a memory budget.
 
     Walks ``seq`` (route steps and recomputations) and emits ops: liveness
-    frees, and for every tensor an eviction when an allocation would exceed ``capacity`` (least recently used
-    first), a prefetch of evicted tensors needed up to the ``ahead``-th next
-    ``boundary`` position (issued at each boundary, so copies overlap compute;
+    frees, and for every tensor an eviction when an allocation would exceed
+    ``capacity`` (least recently used first), a prefetch of evicted tensors
+    needed up to the ``ahead``-th next ``boundary`` position (issued at each
+    boundary, so copies overlap compute;
     only into memory that the steps before their use leave free, evicting
     nothing needed sooner), and a synchronous fetch of anything still missing
     when a step needs it.
@@ -43,7 +44,8 @@ class CachePlanner:
     algorithm whose workspace fits the memory then free, else the smallest.
     """
 
-    def __init__(self, graph: Graph, seq: list[Step], capacity: int, boundary=None, sync: bool = False, dyn_ws: bool = False,
+    def __init__(self, graph: Graph, seq: list[Step], capacity: int, boundary=None,
+                 sync: bool = False, dyn_ws: bool = False,
                  offload_all: bool = False, ahead: int = 1, prefer=None):
         self.g, self.seq, self.cap = graph, seq, capacity
         self.ahead = ahead

@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed runs before timing (default: %(default)s)")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (it is off anyway when stderr is not a terminal)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress bar (it is off anyway when stderr is not a "
+                             "terminal)")
     parser.add_argument("--list-models", action="store_true", help="list the model zoo")
     parser.add_argument("--list-device-models", action="store_true",
                         help="list device presets with their numbers and sources")

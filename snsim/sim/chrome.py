@@ -38,7 +38,8 @@ def chrome_trace(result: SimResult, provenance: dict[str, Any] | None = None,
         cat = "stall" if iv.name == "stall" else (
             "recompute" if iv.name.startswith("R") and iv.stream == "compute" else iv.stream)
         ev = {"ph": "X", "pid": 1, "tid": _TIDS[iv.stream],
-              "name": event_name(iv.name, layer_names), "cat": cat, "ts": iv.start_ms * 1e3, "dur": (iv.end_ms - iv.start_ms) * 1e3}
+              "name": event_name(iv.name, layer_names), "cat": cat, "ts": iv.start_ms * 1e3,
+              "dur": (iv.end_ms - iv.start_ms) * 1e3}
         if iv.detail:
             ev["args"] = {"detail": iv.detail}
         events.append(ev)

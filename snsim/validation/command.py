@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy name, or 'best' (the simulator's first under the budget)")
     parser.add_argument("--budget", help="memory budget (12GiB, 512MiB, 1.2xlb, bytes)")
     parser.add_argument("--trace", help="use this trace instead of profiling the model")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps, median reported (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed steps, median reported (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps before timing (default: %(default)s)")
     parser.add_argument("--baselines", action="store_true",
