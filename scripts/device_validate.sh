@@ -18,5 +18,14 @@ fi
 export PYTHONUNBUFFERED=1
 out="${OUT:-validate}/report-cuda"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA here'; print(torch.cuda.get_device_name())"
-python3 -m pytest -q tests/test_execute.py tests/test_validate.py || true
-python3 -m snsim.cli validate --suite validate/cuda.toml --out "$out"
+# run the suite even when the tests fail (its report is still wanted), but exit
+# non-zero if either failed: a GPU failure must not read as a pass
+tests=0
+python3 -m pytest -q tests/test_execute.py tests/test_validate.py || tests=$?
+suite=0
+python3 -m snsim.cli validate --suite validate/cuda.toml --out "$out" || suite=$?
+if [ "$tests" -ne 0 ] || [ "$suite" -ne 0 ]; then
+  echo "device_validate: FAILED (pytest exit $tests, suite exit $suite)" >&2
+  exit 1
+fi
+echo "device_validate: tests and suite passed"

@@ -19,28 +19,46 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in one line, exit 2."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"snsim: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"snsim: error: {printable(message)} (see '{self.prog} --help')\n")
 
 
-def _load(path: str, device: str | None = None):
+def _load(path: str, device: str | None = None, progress: bool | None = None):
+    """The trace at ``path`` as a Graph (retargeted to ``device``); a large file
+    (over 1 MB, ~2 s to read and check) shows a bar on a terminal."""
     from snsim.graph import Graph
-    from snsim.trace import load
+
+    from snsim.inputs import load_trace
 
     if device is not None:
         from snsim import devices
 
         devices.get(device)  # an unknown preset is refused before the trace is read
-    trace = load(path)
+    import os
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = None
+    if progress and os.path.isfile(path) and os.path.getsize(path) > 2**20:
+        from tqdm import tqdm
+
+        bar = tqdm(total=1, desc=f"read and check {path}", unit="file", leave=False,
+                   file=sys.stderr)
+    try:
+        trace = load_trace(path)
+    finally:
+        if bar is not None:
+            bar.close()
     if device is not None:
         from snsim.whatif import retarget
 
         trace, note = retarget(trace, device)
         if note:
-            print(f"snsim: note: {note}", file=sys.stderr)
+            print(f"snsim: note: {printable(note)}", file=sys.stderr)
     return Graph(trace)
 
 
-def _run_policies(graph, policy: str, budget: int | None, record: bool):
+def _run_policies(graph, policy: str, budget: int | None, record: bool,
+                  progress: bool = False):
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
@@ -58,6 +76,10 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool):
         names = [n for n in names if n not in skipped]
     ctx = PlanContext(graph, budget)
     results = []
+    if progress and len(names) > 1:
+        from tqdm import tqdm
+
+        names = tqdm(names, desc="policies", unit="policy", leave=False, file=sys.stderr)
     for name in names:
         schedule = policies.plan(name, ctx)
         verify(graph, schedule)
@@ -71,15 +93,26 @@ def cmd_simulate(args) -> int:
 
     from snsim.fileio import check_writable
 
+    from snsim.inputs import check_outputs, plot_format
+
     if args.chrome_trace and args.policy == "all":
         raise SnsimError("--chrome-trace needs one policy, not 'all'")
+    if args.policy != "all":
+        from snsim import policies
+
+        policies.get(args.policy)  # an unknown policy is refused before the trace is read
+    check_outputs([("trace", args.trace)],
+                  [("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
+    if args.timeline:
+        plot_format(args.timeline)
     for out in (args.timeline, args.chrome_trace):
         if out:
             check_writable(out)  # fail before the work, not after it
-    graph = _load(args.trace, args.device)
+    show = not args.no_progress and sys.stderr.isatty()
+    graph = _load(args.trace, args.device, progress=show)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
-    results = _run_policies(graph, args.policy, budget, record)
+    results = _run_policies(graph, args.policy, budget, record, progress=show)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
     # provenance (it imports numpy for its version) only for the files that carry it
@@ -91,23 +124,30 @@ def cmd_simulate(args) -> int:
     if args.chrome_trace:
         from snsim.sim.chrome import chrome_trace
 
-        write_json(args.chrome_trace, chrome_trace(results[0], prov))
+        write_json(args.chrome_trace, chrome_trace(results[0], prov,
+                                                   [layer.name for layer in graph.layers]))
     if args.json:
         out = [r.to_dict() for r in rank(results)] if args.policy == "all" \
             else results[0].to_dict()
         print(json.dumps(out, indent=1))
     elif args.policy == "all":
-        print(comparison_table(results))
+        print(printable_lines(comparison_table(results)))
     else:
-        print(single_table(results[0]))
+        print(printable_lines(single_table(results[0])))
     return 0
 
 
 def cmd_info(args) -> int:
     from snsim.report import trace_summary
 
-    print(trace_summary(_load(args.trace)))
+    print(printable_lines(trace_summary(_load(args.trace))))
     return 0
+
+
+SCHEDULE_KEY = ("# key: compute Fi / Bi / Ri = forward, backward, recomputed forward of layer i; "
+                "Xi = its output, Gi = its gradient, Si = its saved extras; "
+                "free, offload (to host), prefetch (to device), wait (for a copy); "
+                "algo=k: the step's k-th workspace algorithm")
 
 
 def cmd_schedule(args) -> int:
@@ -115,16 +155,20 @@ def cmd_schedule(args) -> int:
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
 
+    if args.policy not in policies.names():  # 'all' is simulate's, not schedule's
+        raise SnsimError(f"schedule needs one policy, got {args.policy!r}; choose from: "
+                         + ", ".join(policies.names()))
     graph = _load(args.trace)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     schedule = policies.plan(policies.get(args.policy).name, PlanContext(graph, budget))
     verify(graph, schedule)
+    print(SCHEDULE_KEY)
     if schedule.infeasible_reason:
-        print(f"# infeasible: {schedule.infeasible_reason}")
+        print(f"# infeasible: {printable(schedule.infeasible_reason)}")
     for k, line in enumerate(schedule.lines()):
         print(f"{k:6d}  {line}")
     for key, value in schedule.stats.items():
-        print(f"# {key}: {value}")
+        print(printable(f"# {key}: {value}"))
     return 0
 
 
@@ -183,16 +227,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", metavar="FILE.png", help="plot memory over the iteration")
     p.add_argument("--chrome-trace", metavar="FILE.json",
                    help="write compute and copy streams in Chrome trace format (Perfetto)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr (it is off anyway when stderr is not a "
+                   "terminal)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")
-    p.add_argument("trace")
+    p.add_argument("trace", help="trace file (snsim.trace/1 JSON)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("schedule", help="print the explicit schedule a policy plans")
-    p.add_argument("trace")
-    p.add_argument("--policy", default="superneurons")
-    p.add_argument("--budget")
+    p.add_argument("trace", help="trace file (snsim.trace/1 JSON)")
+    p.add_argument("--policy", default="superneurons",
+                   help="one policy name (see 'snsim policies'; default: %(default)s)")
+    p.add_argument("--budget", help="memory budget, as for simulate (default: the trace "
+                   "device's memory)")
     p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("policies", help="list the registered policies")
@@ -203,13 +252,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (from names in a user's file) escaped,
+    so an error stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """:func:`printable` line by line (tables keep their lines)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except SnsimError as exc:
-        print(f"snsim: error: {exc}", file=sys.stderr)
+        print(f"snsim: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("snsim: interrupted", file=sys.stderr)

@@ -82,6 +82,12 @@ def check_writable(path: str | os.PathLike) -> Path:
         raise SnsimError(f"cannot write {target}: folder {folder} does not exist")
     if target.is_dir():
         raise SnsimError(f"cannot write {target}: it is a folder")
+    try:  # the only sure test: create (and remove) a file there
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
     return folder
 
 

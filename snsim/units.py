@@ -14,6 +14,9 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+# The largest budget accepted: 2^62 bytes (4 EiB), far above any device,
+# small enough for every float and int64 it meets.
+MAX_BUDGET_BYTES = 2**62
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -74,9 +77,13 @@ def parse_budget(text: str | None, lower_bound_bytes: int) -> int | None:
             raise SnsimError(f"cannot read budget {text!r}: use e.g. 1.05xlb") from None
         if not math.isfinite(factor) or factor <= 0:
             raise SnsimError(f"budget {text!r} must be a positive finite multiple")
-        value = int(factor * lower_bound_bytes)
+        scaled = factor * lower_bound_bytes
+        value = int(scaled) if math.isfinite(scaled) else MAX_BUDGET_BYTES + 1
     else:
         value = parse_size(text)
+    if value > MAX_BUDGET_BYTES:  # 1e400 would overflow float arithmetic after the run
+        raise SnsimError(f"budget {text!r} is larger than any memory "
+                         "(at most 2^62 bytes, 4 EiB)")
     if value < lower_bound_bytes:
         raise SnsimError(
             f"impossible budget {text!r} ({value} bytes): below this trace's lower bound of "

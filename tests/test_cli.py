@@ -45,7 +45,10 @@ def test_simulate_all_json_is_ranked_list(capsys):
     code, out, _ = run_cli(capsys, "simulate", SMALL, "--policy", "all", "--json",
                            "--budget", "1.2xlb")
     rows = json.loads(out)
-    assert isinstance(rows, list) and {r["policy"] for r in rows} >= {"none", "liveness"}
+    from snsim import policies
+
+    assert isinstance(rows, list)
+    assert sorted(r["policy"] for r in rows) == sorted(policies.names())  # each exactly once
     feas = [r["feasible"] for r in rows]
     assert feas == sorted(feas, reverse=True)           # feasible first
     ok = [r["samples_per_s"] for r in rows if r["feasible"]]
@@ -60,12 +63,17 @@ def test_simulate_all_table(capsys):
     assert code == 0 and "peak/LB" in out and "time/compute" in out
 
 
-@pytest.mark.parametrize("budget", ["12GiB", "12GB", "512MiB", "900000000", "1.5xlb"])
-def test_budget_forms(capsys, budget):
+@pytest.mark.parametrize("budget, expect", [
+    ("12GiB", 12 * 2**30), ("12GB", 12 * 10**9), ("512MiB", 512 * 2**20),
+    ("900000000", 900_000_000), ("1.5xlb", None)])
+def test_budget_forms(capsys, budget, expect):
     code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "none", "--json",
                            "--budget", budget)
     assert code == 0
-    assert json.loads(out)["budget_bytes"] > 0
+    d = json.loads(out)
+    if expect is None:  # 1.5 times the lower bound, which the same output reports
+        expect = int(1.5 * d["lower_bound_bytes"])
+    assert d["budget_bytes"] == expect
 
 
 def test_infeasible_is_an_outcome(capsys):
@@ -83,7 +91,8 @@ def test_timeline_and_chrome_trace(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads(chrome.read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
-    assert "F1" in names and "memory" in names
+    layer1 = json.loads(pathlib.Path(SMALL).read_text())["layers"][1]["name"]
+    assert f"F1 {layer1}" in names and f"B1 {layer1}" in names and "memory" in names
     assert doc["otherData"]["snsim"]["config"]["policy"] == "liveness"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "m.png"]
 
@@ -143,3 +152,94 @@ def test_usage_error_one_line():
     p = subprocess.run([sys.executable, "-m", "snsim.cli", "simulate"], capture_output=True,
                        text=True)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("ext, magic", [("png", b"\x89PNG"), ("svg", b"<?xml"), ("pdf", b"%PDF"),
+                                        ("SVG", b"<?xml")])
+def test_timeline_format_follows_extension(capsys, tmp_path, ext, magic):
+    out = tmp_path / f"m.{ext}"
+    code = run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(out))[0]
+    assert code == 0
+    assert out.read_bytes()[:len(magic)] == magic
+
+
+def test_timeline_shades_from_a_feasible_policy_and_draws_device_memory(capsys, tmp_path):
+    """With no budget the device's memory is the line; an infeasible first policy
+    does not set the forward/backward shading (the first feasible one does)."""
+    import dataclasses
+
+    from snsim.plots.timeline import plot_timeline
+
+    svg = tmp_path / "m.svg"
+    code = run_cli(capsys, "simulate", SMALL, "--policy", "liveness", "--timeline", str(svg))[0]
+    assert code == 0
+    assert "budget (device memory)" in svg.read_text()
+    from snsim.cli import _load, _run_policies  # noqa: PLC2701 (test of the CLI's own helpers)
+
+    g = _load(SMALL)
+    ok = _run_policies(g, "liveness", None, True)[0]
+    bad = dataclasses.replace(ok, policy="none", feasible=False, forward_end_ms=1.0,
+                              iteration_ms=2.0, reason="x")
+    drawn = {}
+    import matplotlib.axes
+
+    orig = matplotlib.axes.Axes.axvspan
+
+    def spy(self, x0, x1, **kw):
+        drawn[kw.get("label")] = (x0, x1)
+        return orig(self, x0, x1, **kw)
+
+    matplotlib.axes.Axes.axvspan = spy
+    try:
+        plot_timeline([bad, ok], tmp_path / "b.png")
+    finally:
+        matplotlib.axes.Axes.axvspan = orig
+    assert drawn == {"forward": (0, ok.forward_end_ms),
+                     "backward": (ok.forward_end_ms, ok.iteration_ms)}
+
+
+def test_schedule_prints_its_key(capsys):
+    code, out, _ = run_cli(capsys, "schedule", SMALL, "--policy", "liveness")
+    assert code == 0 and out.splitlines()[0].startswith("# key: compute Fi / Bi / Ri")
+    for word in ("Xi", "Gi", "Si", "offload", "prefetch", "wait", "algo=k"):
+        assert word in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("flag, shown", [([], True), (["--no-progress"], False)])
+def test_policy_all_progress_on_a_terminal(capsys, monkeypatch, flag, shown):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = run_cli(capsys, "simulate", SMALL, "--policy", "all", "--json", *flag)
+    assert code == 0 and isinstance(json.loads(out), list)   # stdout stays exact JSON
+    assert ("policies:" in err) == shown, err
+
+
+def test_no_progress_when_not_a_terminal(capsys):
+    code, _, err = run_cli(capsys, "simulate", SMALL, "--policy", "all")
+    assert code == 0 and err == ""
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from snsim.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}"
+               for name, p in sub.choices.items() for a in p._actions
+               if not isinstance(a, argparse._HelpAction) and not a.help and a.dest != "rest"]
+    assert missing == []
+
+
+@pytest.mark.parametrize("flag, shown", [([], True), (["--no-progress"], False)])
+def test_reading_a_large_trace_shows_progress(capsys, monkeypatch, flag, shown):
+    big = str(ROOT / "traces" / "k40c_resnet2500_b16.json")   # 2.9 MB, ~2 s to check
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    import snsim.cli as cli
+
+    def stop(*_a, **_k):   # stop after the read: the read is what is tested
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_policies", stop)
+    code, _, err = run_cli(capsys, "simulate", big, "--policy", "liveness", *flag)
+    assert code == 130 and ("read and check" in err) == shown, err

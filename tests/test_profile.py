@@ -219,7 +219,9 @@ def test_times_positive_and_finite():
         if src["kind"] == "measured":
             assert src["step_ms"] > 0 and src["layers_total_ms"] > 0
             assert "no PCIe link" in src["link"]["kind"]
-            assert la["fwd_ms_p10"] <= la["fwd_ms"] <= la["fwd_ms_p90"]
+            for la in doc["layers"][1:]:   # every layer's median lies inside its spread
+                assert la["fwd_ms_p10"] <= la["fwd_ms"] <= la["fwd_ms_p90"], la["name"]
+                assert la["bwd_ms_p10"] <= la["bwd_ms"] <= la["bwd_ms_p90"], la["name"]
         for la in doc["layers"]:
             if la["kind"] == "conv":  # DESIGN 2: the first entry carries the layer's times
                 first = la["workspace"][0]
@@ -477,3 +479,46 @@ def test_cuda_code_paths_with_a_fake_cuda(monkeypatch):
     t = {"fwd_ms": 2.0, "bwd_ms": 3.0}
     profiler._add_workspace(layer, t, torch.device("cuda"), clock, 0, 1, measure)
     assert (t["workspace"][0]["fwd_ms"], t["workspace"][0]["bwd_ms"]) == (2.0, 3.0)
+
+
+
+def test_measured_profile_closes_every_executor(monkeypatch):
+    """The transient measurement and the step timing close the executors they
+    open (the transient one never did: its copy-engine pool was left open)."""
+    from snsim.execute.executor import Executor
+    from snsim.profile import steptimes, transients
+
+    opened, closed = [], []
+
+    class Counting(Executor):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            opened.append(self)
+
+        def close(self):
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr(transients, "Executor", Counting)
+    monkeypatch.setattr(steptimes, "Executor", Counting)
+    _profile(Residual)
+    # transients (policy none), the dying-reads hand-over (liveness: Residual's
+    # add frees its inputs right after its backward) and the step timing
+    assert len(opened) == 3 and closed == opened
+
+
+def test_step_timing_reports_progress_per_step():
+    """time_steps ticks once per training step (warm-up and timed), which the
+    profile's "executor steps" bar counts."""
+    from snsim.graph import Graph
+    from snsim.profile.steptimes import time_steps
+    from snsim.torchgraph.program import Program
+
+    torch.manual_seed(0)
+    model = Residual()
+    doc = _doc(model, 2, (3, 8, 8))
+    example = torch.randn(2, 3, 8, 8)
+    ticks = []
+    times = time_steps(Program(model, example), Graph(from_dict(doc)), example.numpy().copy(),
+                       torch.device("cpu"), 2, 3, tick=lambda: ticks.append(1))
+    assert len(ticks) == 2 + 3 and times

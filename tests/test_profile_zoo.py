@@ -65,3 +65,25 @@ def test_lookup_errors(name, msg):
 def test_too_small_input_is_an_error():
     with pytest.raises(SnsimError, match="too small for alexnet"):
         zoo.lookup("alexnet")[0].build((3, 32, 32))
+
+
+def test_documented_parameters_are_accepted():
+    """Every ``name:key=value`` example in the zoo's docstring and help is one
+    that lookup accepts (the docstring offered gpt ``seq=``, which it rejects)."""
+    import re
+
+    docs = zoo.__doc__ + " ".join(a.help or "" for a in _profile_parser()._actions)
+    examples = re.findall(r"\b([a-z_0-9-]+:(?:[a-z_]+=\d+,?)+)", docs)
+    assert examples, "no examples found"
+    for ex in examples:
+        zoo.lookup(ex.rstrip(","))
+
+
+def _profile_parser():
+    import argparse
+
+    from snsim.profile.command import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p

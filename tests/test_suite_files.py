@@ -51,6 +51,9 @@ BAD = [
     (_suite(tol=GOOD_TOL + "peak_eror_max = 1\n"), "[tolerance] has unknown key"),
     (_suite() + "[extra]\n", "unknown table 'extra'"),
     ("[suite\n", "invalid TOML"),
+    (_suite(case=CASE + CASE.replace("resnet18", "resnet19")), "case 2 (resnet19): unknown model"),
+    (_suite(case=CASE.replace("[3, 32, 32]", "[32, 32]")), "takes an input shape of 3 numbers"),
+    (_suite(case=CASE.replace('"resnet18"', '"gpt:seq=128"')), "has no parameter 'seq'"),
 ]
 
 
@@ -93,3 +96,22 @@ def test_good_suite_is_a_typed_record(tmp_path):
     assert isinstance(s, Suite) and s.repeats == 1 and s.warmup == 2 and s.name == "t"
     assert s.cases == (SuiteCase("resnet18", 2, ("liveness",), (3, 32, 32), None),)
     assert s.tolerance.grad_abs_max == 1e-5
+
+
+def test_infeasible_predictions_stay_out_of_the_statistics():
+    """A case the simulator predicts infeasible ran truncated: its errors do not
+    enter the medians or the failures; all infeasible is a failure of its own."""
+    import pandas as pd
+
+    from snsim.validation.suite import Tolerance, check
+
+    tol = Tolerance(0.03, 0.1, 0.1, 0.25, 1e-5)
+    row = dict(label="m/p", peak_error=0.01, time_error=0.02, max_grad_abs_diff=0.0,
+               feasible=True)
+    df = pd.DataFrame([row, {**row, "label": "m/q", "peak_error": 0.9, "time_error": 0.986,
+                             "feasible": False}])
+    v = check(df, tol)
+    assert (v.peak_median, v.peak_max, v.time_median, v.time_max) == (0.01, 0.01, 0.02, 0.02)
+    assert v.failures == ()
+    v = check(df[~df["feasible"]], tol)
+    assert v.failures == ("no case was predicted feasible: nothing to compare",)

@@ -42,11 +42,25 @@ def test_round_trip(tmp_path):
     assert t.static_bytes == 2 * 1792
 
 
-def test_published_schema_is_in_repo_and_matches():
-    import pathlib
-    repo_copy = pathlib.Path(__file__).parent.parent / "snsim" / "trace" / "trace.schema.json"
-    assert json.loads(repo_copy.read_text()) == schema()
-    assert schema()["properties"]["schema"]["const"] == "snsim.trace/1"
+def test_published_schema_is_the_contract():
+    """The schema says what DESIGN section 1 (the fixed contract) says, written
+    out here by hand, and the loader refuses a layer missing any required field."""
+    s = schema()
+    assert s["properties"]["schema"]["const"] == "snsim.trace/1"
+    assert sorted(s["required"]) == ["batch", "layers", "model", "schema"]
+    layer = s["$defs"]["layer"]
+    required = ["id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
+                "bwd_ms", "bwd_reads"]
+    assert sorted(layer["required"]) == sorted(required)
+    assert sorted(layer["properties"]["kind"]["enum"]) == sorted(
+        "data conv fc pool act bn lrn dropout add concat loss softmax matmul attention norm "
+        "embedding other".split())
+    assert sorted(layer["properties"]["bwd_reads"]["items"]["enum"]) == ["inputs", "output"]
+    for key in required:
+        doc = copy.deepcopy(good_doc())
+        del doc["layers"][1][key]
+        with pytest.raises(TraceError, match=f"{key}: missing required field"):
+            from_dict(doc)
 
 
 def _mutate(fn):

@@ -84,3 +84,14 @@ def test_validate_errors(capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_real_run_shows_its_phases(capsys):
+    """The real run (after the profile's own bars) reports each phase on stderr."""
+    session = Session(progress=True)
+    validate_case(Case("toymodels:residual", 2, "liveness", repeats=1, warmup=0), session)
+    err = capsys.readouterr().err
+    phases = ["build the model", "gradients against autograd", "peak memory", "step time"]
+    at = [err.find(p) for p in phases]
+    assert -1 not in at and at == sorted(at), err[-2000:]
+    assert session.bar is None   # closed

@@ -23,10 +23,10 @@ class CachePlanner:
     """Plan a step sequence with an LRU tensor cache under a memory budget.
 
     Walks ``seq`` (route steps and recomputations) and emits ops: liveness
-    frees, and for ``evictable`` tensors (a predicate; None: every tensor) an
-    eviction when an allocation would exceed ``capacity`` (least recently used
-    first), a prefetch of evicted tensors needed up to the ``ahead``-th next
-    ``boundary`` position (issued at each boundary, so copies overlap compute;
+    frees, and for every tensor an eviction when an allocation would exceed
+    ``capacity`` (least recently used first), a prefetch of evicted tensors
+    needed up to the ``ahead``-th next ``boundary`` position (issued at each
+    boundary, so copies overlap compute;
     only into memory that the steps before their use leave free, evicting
     nothing needed sooner), and a synchronous fetch of anything still missing
     when a step needs it.
@@ -34,7 +34,7 @@ class CachePlanner:
     Modes: ``sync=False`` (paper) copies a tensor out asynchronously right
     after the step that makes it, so an eviction only frees it; only tensors
     the plan evicts get that copy, as the whole route is known when planning
-    (``offload_all=True`` copies every evictable tensor, like the paper's
+    (``offload_all=True`` copies every tensor it could evict, like the paper's
     runtime; with ``prefer``, every preferred tensor plus whatever else is
     evicted).  ``sync=True`` (release) copies out at eviction time and waits
     for it, and brings tensors back on demand only (no prefetch).
@@ -44,13 +44,12 @@ class CachePlanner:
     algorithm whose workspace fits the memory then free, else the smallest.
     """
 
-    def __init__(self, graph: Graph, seq: list[Step], capacity: int, evictable,
-                 boundary=None, sync: bool = False, dyn_ws: bool = False,
+    def __init__(self, graph: Graph, seq: list[Step], capacity: int, boundary=None,
+                 sync: bool = False, dyn_ws: bool = False,
                  offload_all: bool = False, ahead: int = 1, prefer=None):
         self.g, self.seq, self.cap = graph, seq, capacity
         self.ahead = ahead
         self.prefer = prefer
-        self.evictable = evictable
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
@@ -163,7 +162,6 @@ class CachePlanner:
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
-        evictable = self.evictable
         hits = 0
         for p, step in enumerate(self.seq):
             self.pos = p
@@ -208,14 +206,13 @@ class CachePlanner:
             for t in new:
                 state[t] = _RES
                 self.level += sz[t]
-                if evictable is None or evictable(t):
-                    d = home.get(t)
-                    if d is None:
-                        d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
-                    d[t] = None
-                    made_at[t] = k
-                    if keep_made:
-                        made.append((k, t))
+                d = home.get(t)
+                if d is None:
+                    d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
+                d[t] = None
+                made_at[t] = k
+                if keep_made:
+                    made.append((k, t))
             # 5. liveness
             for t in frees[p]:
                 if state.pop(t, None) == _RES:

@@ -43,10 +43,9 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
     ckpt = layers.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
     return CachePlanner(graph, seq, capacity,
-                              evictable=None,
-                              prefer=lambda t: t[0] == "X" and ckpt[t[1]],
-                              boundary=boundary, sync=release, dyn_ws=dyn_ws,
-                              offload_all=offload_all, ahead=ahead)
+                        prefer=lambda t: t[0] == "X" and ckpt[t[1]],
+                        boundary=boundary, sync=release, dyn_ws=dyn_ws,
+                        offload_all=offload_all, ahead=ahead)
 
 
 @register("utp", "liveness + LRU tensor cache of checkpoint outputs, offload/prefetch",

@@ -7,6 +7,7 @@ imports torch at module level: ``snsim --help`` works without torch.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from snsim.errors import SnsimError, require_torch
 from snsim.fileio import check_writable
@@ -39,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed runs before timing (default: %(default)s)")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress bar (it is off anyway when stderr is not a "
+                             "terminal)")
     parser.add_argument("--list-models", action="store_true", help="list the model zoo")
     parser.add_argument("--list-device-models", action="store_true",
                         help="list device presets with their numbers and sources")
@@ -58,6 +61,21 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
         raise SnsimError(f"bad --input-shape {text!r}: use positive integers separated by "
                          "commas, e.g. 3,224,224")
     return tuple(int(p) for p in parts)
+
+
+def check_model(spec: str, shape: tuple[int, ...] | None) -> None:
+    """A zoo model name, its parameters and its input shape's length, checked
+    without building anything (a ``package.module:function`` is left to the
+    import).  Needs torch (the zoo defines modules)."""
+    if ":" in spec and "=" not in spec.partition(":")[2]:
+        return
+    from snsim.profile import zoo
+
+    entry, _ = zoo.lookup(spec)
+    if shape is not None and len(shape) != len(entry.input_shape):
+        raise SnsimError(f"model {entry.name} takes an input shape of {len(entry.input_shape)} "
+                         f"numbers like {','.join(map(str, entry.input_shape))}, got "
+                         f"{','.join(map(str, shape))}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,13 +98,27 @@ def run(args: argparse.Namespace) -> int:
         raise SnsimError(f"snsim profile needs {', '.join(missing)} "
                          "(or --list-models / --list-device-models)")
     shape = parse_shape(args.input_shape)
+    # the profiler's own checks, made here before torch is imported or a model built
+    if args.batch < 1:
+        raise SnsimError(f"--batch must be at least 1, got {args.batch}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise SnsimError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, "
+                         f"{args.warmup}")
+    if args.device_model is not None:
+        from snsim import devices
+
+        devices.get(args.device_model)
+        if args.device is not None:
+            raise SnsimError(f"--device-model {args.device_model} models a device; it cannot "
+                             f"be combined with --device {args.device} (measured mode)")
     check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler
 
     doc = profiler.profile(args.model, args.batch, shape, device=args.device,
                            device_model=args.device_model, repeats=args.repeats,
-                           warmup=args.warmup, progress=not args.no_progress,
+                           warmup=args.warmup,
+                           progress=not args.no_progress and sys.stderr.isatty(),
                            input_dtype=getattr(args, "input_dtype", None))
     profiler.write(doc, args.out)
     src = doc["source"]

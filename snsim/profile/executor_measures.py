@@ -21,16 +21,32 @@ from snsim.torchgraph.program import Program
 
 
 def measure(doc: dict, model, example, device: torch.device, warmup: int = 0,
-            repeats: int = 0) -> tuple[tuple[StepTransient, ...], tuple[StepTime, ...]]:
-    """Run the executor on ``doc``'s model: transients, and (with ``repeats``) step times."""
+            repeats: int = 0, progress: bool = False
+            ) -> tuple[tuple[StepTransient, ...], tuple[StepTime, ...]]:
+    """Run the executor on ``doc``'s model: transients, and (with ``repeats``) step times.
+
+    With ``progress``, a bar on stderr counts the executor's training steps; on a
+    large model they take minutes after the profiler's own bars have ended.
+    """
+    import sys
+
+    from tqdm import tqdm
+
     from snsim.trace import from_dict
 
     graph = Graph(from_dict(doc, "<trace being profiled>"))
     program = Program(model, example)
     batch = example.detach().cpu().numpy().copy() if device.type == "cpu" \
         else example.detach().cpu().pin_memory()
-    found = measure_transients(program, graph, batch, device)
-    times = time_steps(program, graph, batch, device, warmup, repeats) if repeats > 0 else ()
+    bar = tqdm(total=3 + (warmup + repeats if repeats > 0 else 0), desc="executor steps",
+               unit="step", leave=False, file=sys.stderr, disable=not progress)
+    try:
+        found = measure_transients(program, graph, batch, device)
+        bar.update(3)  # its warm-up step, the annotated step and the analysis
+        times = time_steps(program, graph, batch, device, warmup, repeats,
+                           tick=lambda: bar.update(1)) if repeats > 0 else ()
+    finally:
+        bar.close()
     return found, times
 
 

@@ -297,7 +297,7 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
             torch.set_num_threads(1)
         try:
             found, steps = executor_measures.measure(doc, ms.model, example, dev, warmup,
-                                                     repeats)
+                                                     repeats, progress=progress)
         finally:
             torch.set_num_threads(threads)
         doc = executor_measures.with_measurements(doc, found, steps, dev, warmup, repeats)

@@ -41,8 +41,10 @@ class StepTime:
 
 
 def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
-               warmup: int, repeats: int) -> tuple[StepTime, ...]:
-    """Each compute step's time, in schedule order."""
+               warmup: int, repeats: int, tick=None) -> tuple[StepTime, ...]:
+    """Each compute step's time, in schedule order; ``tick()``, if given, is
+    called after each training step (for progress)."""
+    tick = tick or (lambda: None)
     schedule = plan_none(PlanContext(graph))
     ex = Executor(program, graph, schedule, device)
     samples: dict[int, list[float]] = {}
@@ -50,6 +52,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
         ex.prepare()
         for _ in range(warmup):
             ex.step(batch)
+            tick()
         if device.type == "cuda":
             events: dict[int, tuple[Any, Any]] = {}
 
@@ -69,6 +72,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
                 events.clear()
                 ex.step(batch, hook=hook)
                 torch.cuda.synchronize(device)
+                tick()
                 for k, (s, e) in events.items():
                     samples.setdefault(k, []).append(s.elapsed_time(e))
         else:
@@ -82,6 +86,7 @@ def time_steps(program: Program, graph: Graph, batch: Any, device: torch.device,
 
             for _ in range(repeats):
                 ex.step(batch, hook=hook)
+                tick()
     finally:
         ex.close()
     return tuple(StepTime(schedule.ops[k].phase, schedule.ops[k].layer, *quantiles(v))

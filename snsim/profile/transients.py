@@ -53,36 +53,39 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
     """The transient bytes of every layer that has any, in layer order."""
     schedule = plan_none(PlanContext(graph))
     ex = Executor(program, graph, schedule, device)
-    ex.prepare()
-    ex.step(batch)  # warm-up: lazy initializations are not transients
-    peaks: dict[int, tuple[int, int]] = {}   # op index -> (peak, end), relative
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-
-        def hook(k, when):
-            torch.cuda.synchronize(device)
-            if when == "before":
-                torch.cuda.reset_peak_memory_stats(device)
-            else:
-                peaks[k] = (torch.cuda.max_memory_allocated(device) - base,
-                            torch.cuda.memory_allocated(device) - base)
-
+    try:  # close it: on CPU its two copy-engine threads outlive it otherwise
         ex.prepare()
-        ex.step(batch, hook=hook)
-    else:
-        from torch.profiler import ProfilerActivity, profile
+        ex.step(batch)  # warm-up: lazy initializations are not transients
+        peaks: dict[int, tuple[int, int]] = {}   # op index -> (peak, end), relative
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device)
 
-        from snsim.execute.memory import mark_window, quiet_stderr
+            def hook(k, when):
+                torch.cuda.synchronize(device)
+                if when == "before":
+                    torch.cuda.reset_peak_memory_stats(device)
+                else:
+                    peaks[k] = (torch.cuda.max_memory_allocated(device) - base,
+                                torch.cuda.memory_allocated(device) - base)
 
-        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
-                                     profile_memory=True) as prof:
-            ex.release()
-            mark_window()
-            with torch.profiler.record_function("snsim#-1"):  # the level ops start from
-                ex.prepare(fresh=True)
-            ex.step(batch, annotate=True)
-        peaks = per_op_levels(prof)
+            ex.prepare()
+            ex.step(batch, hook=hook)
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            from snsim.execute.memory import mark_window, quiet_stderr
+
+            with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
+                                         profile_memory=True) as prof:
+                ex.release()
+                mark_window()
+                with torch.profiler.record_function("snsim#-1"):  # the level ops start from
+                    ex.prepare(fresh=True)
+                ex.step(batch, annotate=True)
+            peaks = per_op_levels(prof)
+    finally:
+        ex.close()
     out: dict[int, list[int]] = {}
     level = peaks.get(-1, (0, 0))[1]  # after the gradient buffers are allocated
     allocated: set = set()

@@ -4,7 +4,8 @@ Names: ``alexnet``, ``vgg16``, ``resnet18``, ``resnet50``, ``resnet101``,
 ``resnet152``, ``resnet-N`` (bottleneck ResNets with the SuperNeurons release's
 stage configurations; ``resnet-2500`` = [6, 32, 788, 6]), ``inception_v4``,
 ``densenet121``, ``gpt``.  Parameters follow a colon:
-``gpt:layers=12,heads=12,width=768,seq=1024,vocab=50257``.
+``gpt:layers=12,heads=12,width=768,vocab=50257``; GPT's sequence length is
+its input shape (``--input-shape 1024``), not a parameter.
 
 Every builder takes the per-sample input shape so that size-dependent layers
 (AlexNet's and VGG's first fully connected layer) fit it.

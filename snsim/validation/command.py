@@ -17,24 +17,82 @@ from snsim.errors import SnsimError, require_torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Execute a policy's schedule for real in PyTorch and compare the "
                           "measured peak memory and step time with the simulator's prediction.")
-    parser.add_argument("--model", metavar="NAME|package.module:function")
-    parser.add_argument("--batch", type=int)
-    parser.add_argument("--input-shape", metavar="C,H,W")
+    parser.add_argument("--model", metavar="NAME|package.module:function",
+                        help="a zoo model or a function returning an nn.Module, as for "
+                             "snsim profile")
+    parser.add_argument("--batch", type=int, help="batch size")
+    parser.add_argument("--input-shape", metavar="C,H,W",
+                        help="per-sample input shape (default: the model's)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="cpu or cuda (default: cpu; for a suite, the suite's device)")
     parser.add_argument("--policy", default="superneurons",
                         help="policy name, or 'best' (the simulator's first under the budget)")
     parser.add_argument("--budget", help="memory budget (12GiB, 512MiB, 1.2xlb, bytes)")
     parser.add_argument("--trace", help="use this trace instead of profiling the model")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed steps, median reported (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps before timing (default: %(default)s)")
     parser.add_argument("--baselines", action="store_true",
                         help="also measure plain autograd, torch.utils.checkpoint (sqrt n) "
                              "and save_on_cpu (GPU only)")
     parser.add_argument("--json", action="store_true", help="print exactly the JSON result")
     parser.add_argument("--suite", metavar="SUITE.toml", help="run a validation suite")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars on stderr (off anyway when stderr is not a "
+                             "terminal)")
     parser.add_argument("--out", metavar="DIR", help="suite report folder "
                         "(default: beside the suite file, report-<suite name>)")
+
+
+def check_case(case, trace_path: str | None) -> str | None:
+    """Refuse, before any work, what a validation run would refuse after it:
+    an unknown policy, a malformed budget, and a ``--trace`` that is not a
+    measured trace of this kind of device (a modeled trace's times are a
+    roofline's, not this machine's).  A trace measured on another processor or
+    GPU model is compared; the warning to print with the result is returned."""
+    from snsim import policies
+    from snsim.profile.command import check_model
+    from snsim.units import parse_budget
+
+    check_model(case.model, case.input_shape)
+    if case.policy != "best" and case.policy not in policies.names():
+        raise SnsimError(f"unknown policy {case.policy!r}; choose from: "
+                         + ", ".join(policies.names()) + ", best")
+    try:
+        parse_budget(case.budget, 0)  # its form; the lower bound is checked with the trace
+    except SnsimError as exc:
+        raise SnsimError(f"--budget {case.budget!r}: {exc}") from None
+    if trace_path is None:
+        return None
+    from snsim.inputs import load_trace
+
+    trace = load_trace(trace_path)
+    src = trace.source
+    if src.get("kind") != "measured":
+        raise SnsimError(f"--trace {trace_path} is a {src.get('kind', 'unmeasured')} trace "
+                         f"(for {trace.device.name}): validate compares with a run measured "
+                         "here; profile this machine (snsim profile --device "
+                         f"{case.device}) or drop --trace")
+    if src.get("device") != case.device:
+        raise SnsimError(f"--trace {trace_path} was measured on {src.get('device')}, this run "
+                         f"is on {case.device}: pass --device {src.get('device')} or profile "
+                         f"on {case.device}")
+    here = _device_name(case.device)
+    if src.get("device_name") and here and src["device_name"] != here:
+        return (f"--trace {trace_path} was measured on {src['device_name']}, this machine "
+                f"is {here}: times are compared across processors")
+    return None
+
+
+def _device_name(device: str) -> str | None:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    from snsim.profile.profiler import cpu_name
+
+    return cpu_name()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
                 device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup)
-    session = Session(progress=not args.json)
+    warning = check_case(case, args.trace)  # before any model is profiled
+    session = Session(progress=not args.json and not args.no_progress and sys.stderr.isatty())
     out = validate_case(case, session, args.trace)
+    if warning:  # after the run: a refusal of the case comes alone, as one line
+        print(f"snsim: warning: {warning}", file=sys.stderr)
     base_rows = []
     if args.baselines:
         from snsim.validation.suite import measure_baselines

@@ -72,6 +72,24 @@ class Session:
     def __init__(self, progress: bool = False):
         self.traces: dict = {}
         self.progress = progress
+        self.bar = None
+
+    def phase(self, name: str | None) -> None:
+        """Show the real run's phase on a progress bar (None: the run is done)."""
+        if not self.progress:
+            return
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=4, desc="run", unit="phase", leave=False,
+                            bar_format="{desc}: {n}/{total} phases {postfix} [{elapsed}]")
+        elif name is not None:
+            self.bar.update(1)
+        if name is None:
+            self.bar.close()
+            self.bar = None
+        else:
+            self.bar.set_postfix_str(name)
 
     def trace(self, case: Case, trace_path: str | None = None):
         from snsim.trace import from_dict, load
@@ -152,6 +170,7 @@ def validate_case(case: Case, session: Session | None = None,
         policy = pred.policy
         live = liveness_prediction(graph)
         # ---- real run (nothing below feeds the prediction above) ----
+        session.phase("build the model")
         dev = torch.device(case.device)
         ms, example, program = build_program(case)
         # the capture's forward changed only batch-norm running statistics,
@@ -165,6 +184,7 @@ def validate_case(case: Case, session: Session | None = None,
                              "profile the same model, batch and input shape")
         batch = example.cpu().numpy().copy() if dev.type == "cpu" else example.cpu().pin_memory()
         ex = Executor(program, graph, schedule, dev)
+        session.phase("gradients against autograd")
         try:
             ex.prepare(fresh=True)
             torch.manual_seed(1)
@@ -183,12 +203,15 @@ def validate_case(case: Case, session: Session | None = None,
                 ex.prepare(fresh=True)
                 ex.step(batch)
 
+            session.phase("peak memory")
             peak = measure_peak(once, dev, existing, release=ex.release)
+            session.phase(f"step time ({case.warmup} warm-up, {case.repeats} timed)")
             step_ms, samples = time_ms(lambda: ex.step(batch), dev, case.warmup, case.repeats)
         finally:
             ex.close()
         plain = plain_autograd_peak(program, example, dev)
     finally:
+        session.phase(None)
         torch.set_num_threads(threads)
     return Outcome(
         model=case.model, batch=trace.batch, policy=policy, budget_bytes=budget,

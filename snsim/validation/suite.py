@@ -240,7 +240,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
                   budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup)
              for c in suite.cases for pol in c.policies]
     _check_cases(suite)  # every policy and budget, before any model is profiled
-    out.mkdir(parents=True, exist_ok=True)
+    _make_report_folder(out)
     session = Session()
     rows, base_rows = [], []
     for case in tqdm(cases, desc="validate", unit="case"):
@@ -250,12 +250,11 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         row["budget"] = case.budget or ""
         rows.append(row)
     if suite.baselines:
-        seen = set()
+        firsts: dict = {}
         for case in cases:
-            key = (case.model, case.batch, case.input_shape)
-            if key not in seen:
-                seen.add(key)
-                base_rows += measure_baselines(case)
+            firsts.setdefault((case.model, case.batch, case.input_shape), case)
+        for case in tqdm(list(firsts.values()), desc="baselines", unit="model"):
+            base_rows += measure_baselines(case)
     df = pd.DataFrame(rows)
     verdict = check(df, suite.tolerance)
     _write_report(out, suite, df, pd.DataFrame([asdict(r) for r in base_rows]), verdict, dev)
@@ -272,13 +271,34 @@ def _is_function(model) -> bool:
     return isinstance(model, str) and ":" in model and "=" not in model.partition(":")[2]
 
 
+def _make_report_folder(out: Path) -> None:
+    """Create ``out`` and make sure a report can be written in it, before any
+    work; one line (and no folder left behind) if it cannot."""
+    from snsim.fileio import check_writable
+
+    existed = out.is_dir()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SnsimError(f"cannot create report folder {out}: {exc.strerror or exc}") from None
+    try:
+        check_writable(out / "report.md")
+    except SnsimError:
+        if not existed:
+            out.rmdir()
+        raise
+
+
 def _check_cases(suite: Suite) -> None:
     """Refuse an unknown policy or a malformed budget before any work starts."""
     from snsim import policies
     from snsim.units import parse_budget
 
+    from snsim.profile.command import check_model
+
     for k, c in enumerate(suite.cases, 1):
         try:
+            check_model(c.model, c.input_shape)
             for pol in c.policies:
                 if pol != "best":
                     policies.get(pol)
@@ -291,6 +311,13 @@ def _check_cases(suite: Suite) -> None:
 
 
 def check(df, tol: Tolerance) -> Verdict:
+    """The verdict over the cases the simulator predicted feasible: an
+    infeasible prediction's peak and time are those of a truncated run and
+    do not enter the statistics (its row stays in the report)."""
+    df = df[df["feasible"].astype(bool)]
+    if df.empty:
+        nan = float("nan")
+        return Verdict(nan, nan, nan, nan, ("no case was predicted feasible: nothing to compare",))
     peak = df["peak_error"].abs()
     time = df["time_error"].abs()
     failures = []
