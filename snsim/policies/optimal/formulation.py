@@ -1,0 +1,360 @@
+"""The MILP of ``optimal``: keep / recompute / offload / prefetch over stages.
+
+Stages are the route steps (stage k runs route step k).  The schedule class
+(what the model can express, and what :mod:`.decode` writes) is:
+
+* stage k's ops, in order: the waits for the prefetches issued in stage k-1;
+  the prefetches of stage k (the one waited for first first, then highest
+  layer first); the waits for those used in stage k itself; the recomputations
+  ``R_j`` of stage k (lowest layer first, backward stages only, never the data
+  layer); the route step (with a chosen workspace algorithm); after a forward
+  step ``F_i`` the offload of ``X_i`` if chosen; the waits for the offloads of
+  the tensors freed in this forward stage; then the frees;
+* an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
+  it was resident, recomputed or prefetched in stage k-1 (Checkmate's keep
+  matrix); an offloaded ``X_i`` is freed by the end of forward, at or after
+  its last forward use (after waiting for its copy: the free is immediate and
+  the memory count exact)
+  and may come back by a prefetch issued in any backward stage up to a use
+  (waited for at the start of the stage of its next use);
+* gradients ``G`` and saved extras ``S`` live as under ``liveness``;
+  a recomputation uses the layer's algorithm with the least workspace.
+
+Memory rows are the ledger's levels of every op that can raise the peak
+(a recomputation with a workspace, each route step); time rows are the
+simulator's max-plus recurrences for the compute stream and the two copy
+engines, so for fixed binaries the least solution is the simulator's
+timing and the objective (the makespan) is its iteration time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from snsim.graph import Graph
+
+MiB = float(1 << 20)   # memory rows are in MiB: better conditioned than bytes
+
+
+class Milp:
+    """A sparse MILP under construction: columns, then rows of (index, coefficient)."""
+
+    def __init__(self):
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.cost: list[float] = []
+        self.integer: list[bool] = []
+        self.rows: list[tuple[list[int], list[float], float, float]] = []
+
+    def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0,
+            integer: bool = True) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return len(self.lb) - 1
+
+    def row(self, terms: dict[int, float], lo: float = -math.inf, hi: float = math.inf) -> None:
+        idx = [k for k, v in terms.items() if v != 0.0]
+        self.rows.append((idx, [terms[k] for k in idx], lo, hi))
+
+    @property
+    def n_binary(self) -> int:
+        return sum(self.integer)
+
+
+def add(terms: dict[int, float], var: int | None, coef: float) -> None:
+    if var is not None:
+        terms[var] = terms.get(var, 0.0) + coef
+
+
+@dataclass
+class Formulation:
+    graph: Graph
+    capacity: int
+    milp: Milp
+    S: dict = field(default_factory=dict)     # (k, t) -> tensor t on the device at stage k's start
+    R: dict = field(default_factory=dict)     # (k, j) -> R_j runs in stage k
+    P: dict = field(default_factory=dict)     # (k, t) -> t prefetched in stage k
+    P_wait: dict = field(default_factory=dict)  # (k, t) -> stage whose start waits for it
+    O: dict = field(default_factory=dict)     # t -> t offloaded after the forward step making it
+    A: dict = field(default_factory=dict)     # k -> [(var, algo)] workspace choice of step k
+    T: list = field(default_factory=list)     # stage start times
+    Z: int = -1                               # makespan
+    last_fwd: dict = field(default_factory=dict)   # t -> stage of t's last forward use
+    tensors: list = field(default_factory=list)    # the decision tensors (X_i, and S_i)
+    fixed_start: list = field(default_factory=list)  # G/S bytes resident at each stage start
+    step_alloc: list = field(default_factory=list)   # bytes each route step allocates
+    r_bytes: dict = field(default_factory=dict)      # j -> bytes R_j allocates
+    r_algo: dict = field(default_factory=dict)       # j -> R_j's algorithm (least workspace)
+    fixed_free: list = field(default_factory=list)   # G/S tensors freed at each stage end
+
+
+def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
+    """Stages where each decision tensor may be needed (by a route step, or for
+    X_j by a recomputation of a consumer), and where R_j may run (backward
+    stages in X_j's set).  Decision tensors: every X_i, and the saved extras
+    S_i of layers with a backward step."""
+    n = graph.n
+    need: dict = {("X", i): set() for i in range(n)}
+    for k, step in enumerate(graph.route):
+        if step[0] == "B" and graph.layers[step[1]].saved_extra_bytes:
+            need[("S", step[1])] = set()
+        for t in graph.needs_map[step]:
+            if t in need or t[0] == "S":
+                need.setdefault(t, set()).add(k)
+    rdom: list[set] = [set() for _ in range(n)]
+    for j in range(n - 1, -1, -1):
+        x = ("X", j)
+        for c in graph.consumers[j]:
+            need[x] |= rdom[c]
+        if recomputable[j]:
+            rdom[j] = {k for k in need[x] if k >= n}
+    return need, rdom
+
+
+def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = True
+          ) -> Formulation:
+    """The MILP of ``graph`` under ``capacity`` bytes.  ``window`` (stages) limits
+    a prefetch to the ``window`` stages before a use (None: any stage);
+    ``sync=False`` leaves out prefetches waited for in their own stage (a
+    smaller model whose solutions are solutions of the full one)."""
+    g = graph
+    n, route = g.n, g.route
+    K = len(route)
+    m = Milp()
+    f = Formulation(g, capacity, m)
+    recomputable = [layer.kind != "data" for layer in g.layers]
+    need, rdom = demand(g, recomputable)
+    f.tensors = tensors = sorted(need, key=lambda t: (t[1], t[0] != "X"))
+    last = {t: max(need[t]) if need[t] else t[1] for t in tensors}
+    dev = g.trace.device
+    d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
+    size = {t: g.size(t) for t in tensors}
+
+    # fixed memory: gradients (and saved extras of layers without backward) as liveness holds them
+    born: dict = {}
+    for k, step in enumerate(route):
+        for t in g.allocs_map[step]:
+            if t not in need:
+                born.setdefault(t, k)
+    fixed_delta = [0] * (K + 1)
+    f.fixed_free = [[] for _ in range(K)]
+    for t, k0 in born.items():
+        k1 = g.last_use[t]
+        fixed_delta[k0 + 1] += g.size(t)
+        fixed_delta[k1 + 1] -= g.size(t)
+        f.fixed_free[k1].append(t)
+    level = 0
+    for k in range(K):
+        level += fixed_delta[k]
+        f.fixed_start.append(level)
+    f.step_alloc = [g.step_bytes(s) - sum(g.size(t) for t in g.needs_map[s]) for s in route]
+    for j in range(n):
+        layer = g.layers[j]
+        extra = layer.saved_extra_bytes if ("S", j) not in need else 0
+        f.r_bytes[j] = layer.output_bytes + extra
+        f.r_algo[j] = min(range(max(1, len(layer.workspace))),
+                          key=lambda a: (g.workspace_bytes(("R", j), a), g.step_ms(("R", j), a)))
+
+    # columns
+    for t in tensors:
+        i = t[1]
+        for k in range(i + 1, last[t] + 1):
+            f.S[k, t] = m.var()
+        if t[0] == "X":
+            for k in sorted(rdom[i]):
+                f.R[k, i] = m.var()
+        lf = max([i] + [k for k in need[t] if k < n])
+        f.last_fwd[t] = lf
+        later = [k for k in need[t] if k > lf and k >= n]
+        if later and i < n - 1:
+            f.O[t] = m.var()
+            for k in range(n, max(later) + 1):
+                u = min(x for x in need[t] if x >= k)
+                if (sync or u > k) and (window is None or u <= k + window):
+                    f.P[k, t] = m.var()
+                    f.P_wait[k, t] = u
+    for k, step in enumerate(route):
+        ws = g.layers[step[1]].workspace
+        if len(ws) > 1:
+            f.A[k] = [(m.var(), a) for a in range(len(ws))]
+            m.row({v: 1.0 for v, _ in f.A[k]}, 1.0, 1.0)
+    horizon = sum(max(g.step_ms(s, a) for a in range(max(1, len(g.layers[s[1]].workspace))))
+                  for s in route)
+    horizon += sum(g.layers[j].fwd_ms * len(rdom[j]) for j in range(n))
+    horizon += sum(size[t] for t in f.O) * (d2h_ms + h2d_ms) + 1.0
+    f.T = [m.var(0.0, 0.0 if k == 0 else horizon, integer=False) for k in range(K + 1)]
+    f.Z = m.var(0.0, horizon, cost=1.0, integer=False)
+
+    # residency
+    for (k, t), s in f.S.items():
+        if k == t[1] + 1:
+            continue
+        prev = {s: 1.0, f.S[k - 1, t]: -1.0}
+        if k - 1 >= n:
+            if t[0] == "X":
+                add(prev, f.R.get((k - 1, t[1])), -1.0)
+            add(prev, f.P.get((k - 1, t)), -1.0)
+        m.row(prev, hi=0.0)
+    def usable(k: int, t) -> dict:
+        """t is resident for stage k's computations: kept, recomputed, or fetched now."""
+        terms = {f.S[k, t]: 1.0}
+        if t[0] == "X":
+            add(terms, f.R.get((k, t[1])), 1.0)
+        if f.P_wait.get((k, t)) == k:
+            add(terms, f.P[k, t], 1.0)
+        return terms
+
+    for (k, i), r in f.R.items():
+        x = ("X", i)
+        m.row({r: 1.0, f.S[k, x]: 1.0, **({f.P[k, x]: 1.0} if (k, x) in f.P else {})}, hi=1.0)
+        for j in dict.fromkeys(g.layers[i].inputs):
+            t = {r: 1.0}
+            for v, c in usable(k, ("X", j)).items():
+                add(t, v, -c)
+            m.row(t, hi=0.0)
+        xs = ("S", i)
+        if (k, xs) in f.S:   # a recomputation keeps its saved extras resident, not in flight
+            m.row({r: 1.0, f.S[k, xs]: -1.0}, hi=0.0)
+            for k2 in range(n, k + 1):
+                if f.P_wait.get((k2, xs), -1) > k:
+                    m.row({r: 1.0, f.P[k2, xs]: 1.0}, hi=1.0)
+    for (k, t), p in f.P.items():
+        if t[0] != "X" or (k, t[1]) not in f.R:
+            m.row({p: 1.0, f.S[k, t]: 1.0}, hi=1.0)
+        for k2 in range(k + 1, f.P_wait[k, t] + 1):   # in flight, then used: not freed
+            m.row({p: 1.0, f.S[k2, t]: -1.0}, hi=0.0)
+        m.row({p: 1.0, f.O[t]: -1.0}, hi=0.0)
+    for t, o in f.O.items():   # an offloaded tensor is freed by the end of forward
+        m.row({o: 1.0, f.S[n, t]: 1.0}, hi=1.0)
+    for k, step in enumerate(route):
+        for t in g.needs_map[step]:
+            if t in need:
+                m.row(usable(k, t), lo=1.0)
+
+    # memory: the level of each op that can set the peak
+    at_stage: dict[int, list] = {}
+    for (k, t), s in f.S.items():
+        at_stage.setdefault(k, []).append((s, size[t]))
+    r_at: dict[int, list] = {}
+    for (k, j), r in sorted(f.R.items()):
+        r_at.setdefault(k, []).append((j, r))
+    p_at: dict[int, list] = {}
+    for (k, t), p in sorted(f.P.items(), key=lambda kv: order_key(f, *kv[0])):
+        p_at.setdefault(k, []).append((t, p))
+    static = g.trace.static_bytes
+    for k, step in enumerate(route):
+        base = {v: b / MiB for v, b in at_stage.get(k, [])}
+        for t, p in p_at.get(k, []):
+            add(base, p, size[t] / MiB)
+        fixed = (static + f.fixed_start[k]) / MiB
+        for j, r in r_at.get(k, []):
+            add(base, r, f.r_bytes[j] / MiB)
+            ws = g.workspace_bytes(("R", j), f.r_algo[j])
+            if ws:
+                t = dict(base)
+                add(t, r, ws / MiB)
+                m.row(t, hi=capacity / MiB - fixed)
+        t = dict(base)
+        const = fixed + f.step_alloc[k] / MiB
+        if k in f.A:
+            for v, a in f.A[k]:
+                add(t, v, g.workspace_bytes(step, a) / MiB)
+        else:
+            const += g.workspace_bytes(step, 0) / MiB
+        m.row(t, hi=capacity / MiB - const)
+
+    # time: the compute stream; W[k] is stage k's start after the waits for
+    # the prefetches it issued itself (T[k] where it has none)
+    big = horizon
+    W = list(f.T[:K])
+    for k in {k for (k, t), u in f.P_wait.items() if u == k}:
+        W[k] = m.var(0.0, horizon, integer=False)
+        m.row({W[k]: 1.0, f.T[k]: -1.0}, lo=0.0)
+    for k, step in enumerate(route):
+        c = {f.T[k + 1]: 1.0, W[k]: -1.0}
+        const = 0.0
+        for j, r in r_at.get(k, []):
+            add(c, r, -g.step_ms(("R", j), f.r_algo[j]))
+        if k in f.A:
+            for v, a in f.A[k]:
+                add(c, v, -g.step_ms(step, a))
+        else:
+            const = g.step_ms(step, 0)
+        m.row(c, lo=const)            # T[k+1] >= C_k
+    # d2h: one chain over the candidate offloads in issue order (X_i, then S_i,
+    # after F_i); E[t] is the engine's time after candidate t (its copy's end
+    # when chosen).  C_i = T_i + F_i's time (no recomputation in forward).
+    E: dict = {}
+    prev = None
+    for t in sorted(f.O, key=lambda t: (t[1], t[0] != "X")):
+        i, o = t[1], f.O[t]
+        q = E[t] = m.var(0.0, horizon, integer=False)
+        copy = size[t] * d2h_ms
+        e = {q: 1.0, f.T[i]: -1.0, o: -copy}
+        const = 0.0
+        if i in f.A:
+            for v, a in f.A[i]:
+                add(e, v, -g.step_ms(route[i], a))
+        else:
+            const = g.step_ms(route[i], 0)
+        m.row(e, lo=const)
+        if prev is not None:
+            m.row({q: 1.0, prev: -1.0, o: -copy}, lo=0.0)
+        prev = q
+    if prev is not None:
+        m.row({f.Z: 1.0, prev: -1.0}, lo=0.0)
+    # h2d: the same over the candidate prefetches; a chosen one's wait is at
+    # the start of its stage P_wait, and it starts after its offload ended
+    prev = None
+    for k in sorted(p_at):
+        for t, p in p_at[k]:
+            q = m.var(0.0, horizon, integer=False)
+            copy = size[t] * h2d_ms
+            m.row({q: 1.0, f.T[k]: -1.0, p: -copy}, lo=0.0)
+            if prev is not None:
+                m.row({q: 1.0, prev: -1.0, p: -copy}, lo=0.0)
+            m.row({q: 1.0, E[t]: -1.0, p: -copy - big}, lo=-big)
+            u = f.P_wait[k, t]
+            m.row({(W[u] if u == k else f.T[u]): 1.0, q: -1.0, p: -big}, lo=-big)
+            prev = q
+    for t, o in f.O.items():
+        # freed at the end of forward stage k (after waiting for its copy):
+        # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
+        i = t[1]
+        for k in range(f.last_fwd[t], n):
+            row = {f.T[k + 1]: 1.0, E[t]: -1.0, o: -big}
+            lo = -2 * big
+            if k == i:
+                lo += big
+            else:
+                add(row, f.S[k, t], -big)
+            add(row, f.S.get((k + 1, t)), big)
+            m.row(row, lo=lo)
+    m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)
+    return f
+
+
+def warm_start(small: Formulation, values: list[float], full: Formulation
+               ) -> tuple[list[int], list[float]]:
+    """The binaries of a solution of ``small`` as a (partial) start for ``full``."""
+    idx, val = [], []
+    for name in ("S", "R", "P", "O"):
+        a, b = getattr(small, name), getattr(full, name)
+        for key, v in a.items():
+            if key in b:
+                idx.append(b[key])
+                val.append(round(values[v]))
+    for k, pairs in small.A.items():
+        for (v, _), (w, _) in zip(pairs, full.A[k]):
+            idx.append(w)
+            val.append(round(values[v]))
+    return idx, val
+
+
+def order_key(f: Formulation, k: int, t) -> tuple:
+    """Issue order of the prefetches of a stage: the one waited for first first,
+    then highest layer first, X before S."""
+    return (k, f.P_wait[k, t], -t[1], t[0] != "X")
