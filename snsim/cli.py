@@ -7,6 +7,7 @@ Every user error is one line on stderr (``snsim: error: ...``) and exit 2;
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import sys
 from typing import Sequence
@@ -40,7 +41,8 @@ def _load(path: str, device: str | None = None):
     return Graph(trace)
 
 
-def _run_policies(graph, policy: str, budget: int | None, record: bool):
+def _run_policies(graph, policy: str, budget: int | None, record: bool,
+                  options: dict | None = None):
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
@@ -56,7 +58,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool):
             print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, and "
                   f"{graph.trace.label} is forward-only", file=sys.stderr)
         names = [n for n in names if n not in skipped]
-    ctx = PlanContext(graph, budget)
+    ctx = PlanContext(graph, budget, options)
     results = []
     for name in names:
         schedule = policies.plan(name, ctx)
@@ -79,7 +81,8 @@ def cmd_simulate(args) -> int:
     graph = _load(args.trace, args.device)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
-    results = _run_policies(graph, args.policy, budget, record)
+    results = _run_policies(graph, args.policy, budget, record,
+                            {"time_limit": args.time_limit})
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
     prov = provenance(config)
@@ -130,7 +133,7 @@ def cmd_schedule(args) -> int:
 def cmd_policies(args) -> int:
     from snsim import policies
 
-    for name in policies.names():
+    for name in policies.names(reference=True):
         print(f"{name:<18} {policies.get(name).summary}")
     return 0
 
@@ -160,6 +163,16 @@ def _add_validate(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from snsim import __version__
 
@@ -182,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", metavar="FILE.png", help="plot memory over the iteration")
     p.add_argument("--chrome-trace", metavar="FILE.json",
                    help="write compute and copy streams in Chrome trace format (Perfetto)")
+    p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
+                   help="solver time limit of policy optimal, seconds (default: %(default)g)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")

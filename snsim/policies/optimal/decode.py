@@ -58,6 +58,15 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
             ops.append(Compute("R", j, f.r_algo[j]))
             level += f.r_bytes[j]
             peak = max(peak, level + g.workspace_bytes(("R", j), f.r_algo[j]))
+        here = set(s_at.get(k, [])) | set(p_at.get(k, []))
+        here |= {("X", j) for j in r_at.get(k, [])}
+        if step[0] == "B":   # freed before the step: not needed by it, not kept
+            early = sorted((t for t in here if t not in g.needs_map[step] and (k + 1, t) not in S),
+                           key=lambda t: (t[1], t[0]))
+            early += [("S", j) for j in r_at.get(k, []) if f.r_bytes[j] > g.layers[j].output_bytes]
+            ops.extend(Free(t) for t in early)
+            level -= sum(g.size(t) for t in early)
+            here -= set(early)
         algo = 0
         for v, a in f.A.get(k, []):
             if chosen(values, v):
@@ -68,13 +77,9 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         if step[0] == "F":
             ops.extend(Offload(t) for t in offload_at.get(layer, []))
             ops.extend(Wait(t) for t in waits_after.get(k, []))
-        here = set(s_at.get(k, [])) | set(p_at.get(k, []))
-        here |= {("X", j) for j in r_at.get(k, [])}
         if step[0] == "F":
             here |= {t for t in g.allocs_map[step] if t in f.last_fwd}
         ops.extend(Free(t) for t in sorted(here, key=lambda t: (t[1], t[0]))
                    if (k + 1, t) not in S)
-        ops.extend(Free(("S", j)) for j in r_at.get(k, [])
-                   if f.r_bytes[j] > g.layers[j].output_bytes)
         ops.extend(Free(t) for t in f.fixed_free[k])
     return ops, peak

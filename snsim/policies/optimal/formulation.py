@@ -7,7 +7,8 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   the prefetches of stage k (the one waited for first first, then highest
   layer first); the waits for those used in stage k itself; the recomputations
   ``R_j`` of stage k (lowest layer first, backward stages only, never the data
-  layer); the route step (with a chosen workspace algorithm); after a forward
+  layer); in a backward stage, the frees of what the step does not need and
+  the next stage does not keep; the route step (with a chosen workspace algorithm); after a forward
   step ``F_i`` the offload of ``X_i`` if chosen; the waits for the offloads of
   the tensors freed in this forward stage; then the frees;
 * an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
@@ -21,7 +22,7 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   a recomputation uses the layer's algorithm with the least workspace.
 
 Memory rows are the ledger's levels of every op that can raise the peak
-(a recomputation with a workspace, each route step); time rows are the
+(each recomputation, each route step); time rows are the
 simulator's max-plus recurrences for the compute stream and the two copy
 engines, so for fixed binaries the least solution is the simulator's
 timing and the objective (the makespan) is its iteration time.
@@ -252,12 +253,25 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         fixed = (static + f.fixed_start[k]) / MiB
         for j, r in r_at.get(k, []):
             add(base, r, f.r_bytes[j] / MiB)
-            ws = g.workspace_bytes(("R", j), f.r_algo[j])
-            if ws:
-                t = dict(base)
-                add(t, r, ws / MiB)
-                m.row(t, hi=capacity / MiB - fixed)
-        t = dict(base)
+            # every recomputation's level: the step's row does not bound it,
+            # since what only recomputations need is freed before the step
+            t = dict(base)
+            add(t, r, g.workspace_bytes(("R", j), f.r_algo[j]) / MiB)
+            m.row(t, hi=capacity / MiB - fixed)
+        if k >= n:
+            # backward: what the step does not need and the next stage does not
+            # keep is freed before the step (after the recomputations)
+            needed = set(g.needs_map[step])
+            t = {}
+            for x in tensors:
+                if x in needed:
+                    for v in (f.S.get((k, x)), f.P.get((k, x)),
+                              f.R.get((k, x[1])) if x[0] == "X" else None):
+                        add(t, v, size[x] / MiB)
+                else:
+                    add(t, f.S.get((k + 1, x)), size[x] / MiB)
+        else:
+            t = dict(base)
         const = fixed + f.step_alloc[k] / MiB
         if k in f.A:
             for v, a in f.A[k]:
