@@ -208,6 +208,25 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
             add(terms, f.P[k, t], 1.0)
         return terms
 
+    # in flight: flight[k2, t] = the prefetches of t issued before stage k2 and
+    # waited for at its next use u >= k2 (a running sum over the issue stages
+    # before u); t is on the device meanwhile, so not freed
+    groups: dict = {}
+    for (k, t) in f.P:
+        u = f.P_wait[k, t]
+        if u > k:
+            groups.setdefault((t, u), []).append(k)
+    flight: dict = {}
+    for (t, u), ks in groups.items():
+        prev = None
+        for k2 in range(min(ks) + 1, u + 1):
+            c = m.var(0.0, 1.0, integer=False)
+            terms = {c: 1.0}
+            add(terms, prev, -1.0)
+            add(terms, f.P.get((k2 - 1, t)) if k2 - 1 in ks else None, -1.0)
+            m.row(terms, 0.0, 0.0)
+            m.row({f.S[k2, t]: 1.0, c: -1.0}, lo=0.0)
+            flight[k2, t] = prev = c
     for (k, i), r in f.R.items():
         x = ("X", i)
         m.row({r: 1.0, f.S[k, x]: 1.0, **({f.P[k, x]: 1.0} if (k, x) in f.P else {})}, hi=1.0)
@@ -219,14 +238,11 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         xs = ("S", i)
         if (k, xs) in f.S:   # a recomputation keeps its saved extras resident, not in flight
             m.row({r: 1.0, f.S[k, xs]: -1.0}, hi=0.0)
-            for k2 in range(n, k + 1):
-                if f.P_wait.get((k2, xs), -1) > k:
-                    m.row({r: 1.0, f.P[k2, xs]: 1.0}, hi=1.0)
+            if (k + 1, xs) in flight:
+                m.row({r: 1.0, flight[k + 1, xs]: 1.0}, hi=1.0)
     for (k, t), p in f.P.items():
         if t[0] != "X" or (k, t[1]) not in f.R:
             m.row({p: 1.0, f.S[k, t]: 1.0}, hi=1.0)
-        for k2 in range(k + 1, f.P_wait[k, t] + 1):   # in flight, then used: not freed
-            m.row({p: 1.0, f.S[k2, t]: -1.0}, hi=0.0)
         m.row({p: 1.0, f.O[t]: -1.0}, hi=0.0)
     for t, o in f.O.items():   # an offloaded tensor is freed by the end of forward
         m.row({o: 1.0, f.S[n, t]: 1.0}, hi=1.0)
@@ -251,13 +267,22 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         for t, p in p_at.get(k, []):
             add(base, p, size[t] / MiB)
         fixed = (static + f.fixed_start[k]) / MiB
-        for j, r in r_at.get(k, []):
-            add(base, r, f.r_bytes[j] / MiB)
-            # every recomputation's level: the step's row does not bound it,
-            # since what only recomputations need is freed before the step
-            t = dict(base)
-            add(t, r, g.workspace_bytes(("R", j), f.r_algo[j]) / MiB)
-            m.row(t, hi=capacity / MiB - fixed)
+        if r_at.get(k):
+            # every recomputation's level (the step's row does not bound it: what
+            # only recomputations need is freed before the step), through a
+            # running level U (Checkmate's U matrix) to keep the rows short
+            U = m.var(0.0, math.inf, integer=False)
+            terms = {U: 1.0}
+            for v, c in base.items():
+                add(terms, v, -c)
+            m.row(terms, 0.0, 0.0)
+            for j, r in r_at[k]:
+                add(base, r, f.r_bytes[j] / MiB)
+                U2 = m.var(0.0, math.inf, integer=False)
+                m.row({U2: 1.0, U: -1.0, r: -f.r_bytes[j] / MiB}, 0.0, 0.0)
+                U = U2
+                ws = g.workspace_bytes(("R", j), f.r_algo[j])
+                m.row({U: 1.0, r: ws / MiB}, hi=capacity / MiB - fixed)
         if k >= n:
             # backward: what the step does not need and the next stage does not
             # keep is freed before the step (after the recomputations)
