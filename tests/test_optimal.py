@@ -283,3 +283,48 @@ def test_cli_time_limit(tmp_path, capsys):
         main(["simulate", str(path), "--policy", "optimal", "--time-limit", "-1"])
     assert e.value.code == 2
     assert "positive number of seconds" in capsys.readouterr().err
+
+
+# ------------------------------------------------------ found on the way (issue 15)
+def test_ledger_refuses_recomputing_the_data_layer():
+    """The input is read from the host: kept, or copied back, never "recomputed" for 0 ms."""
+    from snsim.errors import ScheduleError
+    from snsim.schedule import ledger
+
+    g = Graph(chain4())
+    ops = [Compute("F", 0), Compute("F", 1), Free(X(0)), Compute("R", 0)]
+    with pytest.raises(ScheduleError, match="op 3 .*recomputes the data layer"):
+        ledger.walk(g, ops, route=False)
+
+
+def test_dtr_keeps_the_data_layer_instead_of_recomputing_it():
+    """Random DAGs where DTR used to recompute the data layer (53 of these 160
+    plans, e.g. seed 0 with 8 layers at the lower bound): its plans now pass
+    the ledger's rule."""
+    from snsim import synth
+
+    seen = 0
+    for seed in range(40):
+        for n in (8, 16):
+            g = Graph(synth.random_dag(seed, n))
+            lb = g.lower_bound_bytes
+            top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+            for budget in (lb, lb + (top - lb) // 3):
+                s = plan("dtr", PlanContext(g, budget))
+                verify(g, s)   # raises on a recomputed data layer
+                seen += any(type(op) is Compute and op.phase == "R" for op in s.ops)
+    assert seen > 0   # the sweep does exercise recomputation
+
+
+def test_infeasible_run_reports_no_time_and_no_peak():
+    """liveness needs 720 on chain4; at 620 it stops part-way: no iteration
+    time, no peak in --json (the partial figures under their own names)."""
+    g = Graph(chain4())
+    r = simulate(g, plan("liveness", PlanContext(g, 620)), 620, record=False)
+    assert not r.feasible
+    d = r.to_dict()
+    assert d["iteration_ms"] is None and d["peak_bytes"] is None
+    assert d["time_over_compute"] is None and d["peak_over_lower_bound"] is None
+    assert d["partial_peak_bytes"] == r.peak_bytes and d["reason"]
+    ok = simulate(g, plan("liveness", PlanContext(g, 720)), 720, record=False).to_dict()
+    assert ok["iteration_ms"] == pytest.approx(9.0) and ok["peak_bytes"] == 720

@@ -14,7 +14,9 @@ since the tensor was last used.  Each eviction scans the ``SAMPLE`` stalest
 evictable tensors (a deterministic sample; the prototype samples too), and
 a tensor whose recomputation would re-run more than ``CHAIN`` layers is not
 a candidate.
-Gradients and the data layer's output are never evicted.  Without a budget
+Gradients and the data layer's output are never evicted; where a
+recomputation would still need the data after its last use, the plan is
+made again with the data kept to the end (the input is not recomputable).  Without a budget
 tighter than the liveness peak nothing is evicted: the plan is liveness.
 
 The eviction score is pluggable (:data:`HEURISTICS`, ``plan_dtr_ops(...,
@@ -66,6 +68,7 @@ class _DTR:
         self.pos = 0
         self.reason: str | None = None
         self.evictions = 0
+        self.keep_data = False   # the data layer's output stays to the end
 
     def pin(self, ts) -> None:
         for t in ts:
@@ -206,7 +209,8 @@ class _DTR:
             for u in [("X", x) for x in ins] + [t for t in g.allocs(("R", j)) if t[0] == "S"]:
                 if u[0] == "X":
                     self.unpin([u])
-                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos:
+                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos \
+                        and not (self.keep_data and g.layers[u[1]].kind == "data"):
                     self.free(u)
 
 
@@ -218,15 +222,31 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr"
     except KeyError:
         raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
                          + ", ".join(HEURISTICS)) from None
+    d = _run_route(graph, capacity, score, keep_data=False)
+    data = {i for i, layer in enumerate(graph.layers) if layer.kind == "data"}
+    if any(type(op) is Compute and op.phase == "R" and op.layer in data for op in d.ops):
+        # the input cannot be recomputed (it is read from the host): keep it instead
+        d = _run_route(graph, capacity, score, keep_data=True)
+    return d.ops, {"evictions": d.evictions}, d.reason
+
+
+def _run_route(graph: Graph, capacity: int, score: Heuristic, keep_data: bool) -> _DTR:
     d = _DTR(graph, capacity, score)
+    d.keep_data = keep_data
     _, frees = sequences.use_positions(graph, graph.route)
+    kept = []
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
         for t in frees[p]:
-            if t in d.resident:
+            if keep_data and t[0] == "X" and graph.layers[t[1]].kind == "data":
+                kept.append(t)
+            elif t in d.resident:
                 d.free(t)
-    return d.ops, {"evictions": d.evictions}, d.reason
+    for t in kept:
+        if t in d.resident:
+            d.free(t)
+    return d
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
