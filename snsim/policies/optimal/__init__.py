@@ -83,13 +83,13 @@ def best_heuristic(ctx: PlanContext):
 def two_phase(g: Graph, cap: int, window: int | None, seconds: float):
     """Solve the model without same-stage prefetches first (smaller, fast), then
     the full model from its solution; the full model's result and formulation."""
-    seconds = max(1.0, seconds)
     t0 = time.perf_counter()
+    left = lambda: max(0.5, seconds - (time.perf_counter() - t0))  # noqa: E731
     small = build(g, cap, window, sync=False)
-    first = solve(small.milp, 0.4 * seconds)
+    first = solve(small.milp, 0.4 * left())
     full = build(g, cap, window)
     start = None if first.values is None else warm_start(small, first.values, full)
-    second = solve(full.milp, max(1.0, seconds - (time.perf_counter() - t0)), start=start)
+    second = solve(full.milp, left(), start=start)
     if second.values is None and first.values is not None:
         # the start was not taken: keep the first phase's plan, with the full model's bound
         return (Solution(second.status, first.values, first.objective,

@@ -67,6 +67,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     t0 = time.perf_counter()
     if start is not None and start[0]:
         complete(h, hp, milp, start)
+        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t0)))
     h.run()
     solve_s = time.perf_counter() - t0
     ms = h.getModelStatus()
