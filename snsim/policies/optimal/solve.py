@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from snsim.errors import PolicyError
-from snsim.policies.optimal.formulation import Milp
+from snsim.policies.optimal.milp import Milp
 
 
 @dataclass(frozen=True)
