@@ -7,6 +7,7 @@ Every user error is one line on stderr (``snsim: error: ...``) and exit 2;
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import sys
 from typing import Sequence
@@ -58,7 +59,7 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
 
 
 def _run_policies(graph, policy: str, budget: int | None, record: bool,
-                  progress: bool = False):
+                  options: dict | None = None, progress: bool = False):
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
@@ -74,7 +75,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool,
             print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, and "
                   f"{graph.trace.label} is forward-only", file=sys.stderr)
         names = [n for n in names if n not in skipped]
-    ctx = PlanContext(graph, budget)
+    ctx = PlanContext(graph, budget, options)
     results = []
     if progress and len(names) > 1:
         from tqdm import tqdm
@@ -112,7 +113,8 @@ def cmd_simulate(args) -> int:
     graph = _load(args.trace, args.device, progress=show)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
-    results = _run_policies(graph, args.policy, budget, record, progress=show)
+    results = _run_policies(graph, args.policy, budget, record,
+                            {"time_limit": args.time_limit}, progress=show)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
     # provenance (it imports numpy for its version) only for the files that carry it
@@ -175,7 +177,7 @@ def cmd_schedule(args) -> int:
 def cmd_policies(args) -> int:
     from snsim import policies
 
-    for name in policies.names():
+    for name in policies.names(reference=True):
         print(f"{name:<18} {policies.get(name).summary}")
     return 0
 
@@ -205,6 +207,16 @@ def _add_validate(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from snsim import __version__
 
@@ -230,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar on stderr (it is off anyway when stderr is not a "
                    "terminal)")
+    p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
+                   help="solver time limit of policy optimal, seconds (default: %(default)g)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")

@@ -21,12 +21,14 @@ _loaded = False
 _INTERNAL = {"base", "cache", "finishing", "layers", "replay", "sequences"}  # helpers
 
 
-def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = ()
-             ) -> Callable[[Planner], Planner]:
+def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = (),
+             reference: bool = False) -> Callable[[Planner], Planner]:
     """Class or function decorator: make ``planner`` available as policy ``name``.
 
     ``needs`` names the trace features (:data:`base.FEATURES`) it cannot plan
     without; :func:`plan` refuses a trace that lacks one, in one line.
+    ``reference``: an expensive reference planner, planned only by name
+    (not listed by :func:`names`, so not in ``--policy all`` or sweeps).
     """
     unknown = set(needs) - set(FEATURES)
     if unknown:
@@ -36,7 +38,7 @@ def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] =
         if name in _REGISTRY and _REGISTRY[name].planner is not planner:
             raise ValueError(f"policy {name!r} registered twice")
         _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order,
-                                     needs=frozenset(needs))
+                                     needs=frozenset(needs), reference=reference)
         return planner
 
     return deco
@@ -52,10 +54,12 @@ def _load_all() -> None:
     _loaded = True
 
 
-def names() -> list[str]:
-    """Registered policy names, in presentation order."""
+def names(reference: bool = False) -> list[str]:
+    """Registered policy names, in presentation order; with ``reference``, the
+    reference planners too."""
     _load_all()
-    return [p.name for p in sorted(_REGISTRY.values(), key=lambda p: (p.order, p.name))]
+    return [p.name for p in sorted(_REGISTRY.values(), key=lambda p: (p.order, p.name))
+            if reference or not p.reference]
 
 
 def get(name: str) -> PolicyInfo:
@@ -64,7 +68,7 @@ def get(name: str) -> PolicyInfo:
         return _REGISTRY[name]
     except KeyError:
         raise PolicyError(f"unknown policy {name!r}; choose from: "
-                          + ", ".join(names()) + ", all") from None
+                          + ", ".join(names(reference=True)) + ", all") from None
 
 
 def plan(name: str, ctx: PlanContext):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from snsim.graph import Graph
 from snsim.schedule.ops import Schedule
@@ -21,6 +21,8 @@ class PlanContext:
 
     graph: Graph
     budget_bytes: int | None = None
+    # planner options by name (e.g. optimal's "time_limit"); others ignore them
+    options: Mapping[str, Any] | None = None
 
     @property
     def capacity_bytes(self) -> int:
@@ -54,6 +56,7 @@ class PolicyInfo:
     planner: Planner
     order: int = 100
     needs: frozenset[str] = frozenset()   # trace features it cannot plan without
+    reference: bool = False   # an expensive reference (optimal): not among names() / "all"
 
 
 @contextlib.contextmanager

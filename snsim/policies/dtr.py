@@ -32,8 +32,11 @@ When at most ``SAMPLE`` are evictable they are all scored, so the choice is
 the exact heuristic's (``tests/test_dtr.py`` checks it against a brute-force
 scorer).  An eviction costs ``O(SAMPLE x degree)`` plus the amortized class
 rebuilds, so planning is linear in the route and its recomputes.
-Gradients and the data layer's output are never evicted.  Without a budget
-tighter than the liveness peak nothing is evicted: the plan is liveness.
+Gradients and the data layer's output are never evicted; where a
+recomputation would still need the data after its last use, the plan is
+made again with the data kept to the end (the input is not recomputable).
+Without a budget tighter than the liveness peak nothing is evicted: the plan
+is liveness.
 
 The eviction score is pluggable (:data:`HEURISTICS`, ``plan_dtr_ops(...,
 heuristic=name)``), as DTR's paper compares several: ``dtr`` (the policy's
@@ -96,6 +99,7 @@ class Planner:
         self.reason: str | None = None
         self.evictions = 0
         self.full_scans = 0
+        self.keep_data = False   # the data layer's output stays to the end
         self.pool: list[int] = []          # layers with an evictable tensor resident
         self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
         self.rng = random.Random(seed)
@@ -378,7 +382,8 @@ class Planner:
             for u in [("X", x) for x in ins] + [t for t in g.allocs(("R", j)) if t[0] == "S"]:
                 if u[0] == "X":
                     self.unpin([u])
-                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos:
+                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos \
+                        and not (self.keep_data and g.layers[u[1]].kind == "data"):
                     self.free(u)
 
 
@@ -392,17 +397,34 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr", sample: in
     except KeyError:
         raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
                          + ", ".join(HEURISTICS)) from None
+    d = _run_route(graph, capacity, score, sample, chain, planner, keep_data=False)
+    data = {i for i, layer in enumerate(graph.layers) if layer.kind == "data"}
+    if any(type(op) is Compute and op.phase == "R" and op.layer in data for op in d.ops):
+        # the input cannot be recomputed (it is read from the host): keep it instead
+        d = _run_route(graph, capacity, score, sample, chain, planner, keep_data=True)
+    return d.ops, {"evictions": d.evictions, "full_scans": d.full_scans}, d.reason
+
+
+def _run_route(graph: Graph, capacity: int, score: Heuristic, sample: int, chain: int,
+               planner: type[Planner], keep_data: bool) -> Planner:
     d = planner(graph, capacity, score, sample, chain)
+    d.keep_data = keep_data
     _, frees = sequences.use_positions(graph, graph.route)
+    kept = []
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
         for t in frees[p]:
-            if t in d.resident:
+            if keep_data and t[0] == "X" and graph.layers[t[1]].kind == "data":
+                kept.append(t)
+            elif t in d.resident:
                 d.free(t)
         for j in d.expiry.pop(p, ()):
             d.unmark_evicted(j)   # nothing left to recompute through it: out of its class
-    return d.ops, {"evictions": d.evictions, "full_scans": d.full_scans}, d.reason
+    for t in kept:
+        if t in d.resident:
+            d.free(t)
+    return d
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)

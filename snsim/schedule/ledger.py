@@ -83,6 +83,9 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             if op.phase == "R":
                 if step not in needs_of:
                     fail(k, "unknown step")
+                if layers[op.layer].kind == "data":
+                    fail(k, "recomputes the data layer: the input is kept or copied back "
+                         "from the host, never recomputed")
             elif op.phase in ("F", "B"):
                 if route:
                     if pos >= n_steps or steps[pos] != step:

@@ -6,6 +6,7 @@ A schedule is rejected (:class:`ScheduleError`, naming the op index) when it
 * computes a step whose needed tensors are not resident, or are being
   prefetched and not yet waited for,
 * uses a tensor after freeing it, or recomputes an output that is resident,
+* recomputes the data layer (the input is kept, or copied back from the host),
 * frees, offloads or waits for a tensor it does not hold,
 * prefetches a tensor that has no host copy or is already on the device.
 """

@@ -86,13 +86,19 @@ class SimResult:
             "lower_bound_bytes", "iteration_ms", "compute_ms", "recompute_ms", "stall_ms",
             "h2d_bytes", "d2h_bytes", "samples_per_s")}
         if not self.feasible:
+            # a run that stopped part-way has no iteration time and no peak: what
+            # it reached before stopping is kept under its own name, not as a number
+            # that reads as a result (a time too short, a peak below the lower bound)
             d["reason"] = self.reason
+            d["partial_iteration_ms"], d["iteration_ms"] = d["iteration_ms"], None
+            d["partial_peak_bytes"], d["peak_bytes"] = d["peak_bytes"], None
         d["model"] = self.model
         d["batch"] = self.batch
         d["capacity_bytes"] = self.capacity_bytes
-        d["peak_over_lower_bound"] = round(self.peak_bytes / self.lower_bound_bytes, 6)
+        d["peak_over_lower_bound"] = (round(self.peak_bytes / self.lower_bound_bytes, 6)
+                                      if self.feasible else None)
         d["time_over_compute"] = (round(self.iteration_ms / self.compute_ms, 6)
-                                  if self.compute_ms > 0 else None)
+                                  if self.compute_ms > 0 and self.feasible else None)
         # the planner's own counters, under their own key: never beside (or over) a contract key
         d["policy_stats"] = dict(self.policy_stats)
         return d

@@ -1,0 +1,167 @@
+"""``optimal``: the best schedule of a MILP over keep / recompute / offload /
+prefetch decisions (Checkmate's matrices plus the two copy engines), solved
+with HiGHS, as a reference the heuristics are measured against.
+
+* :mod:`.formulation`: the model and the schedule class it can express;
+* :mod:`.solve`: HiGHS (``highspy``, imported lazily: one line if missing);
+* :mod:`.decode`: the solution as ops, and the model's predicted peak.
+
+The plan returned is never worse than the heuristics: the best feasible plan
+of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
+:func:`replay.estimate_ms`, the simulator's rules) is kept when the MILP's
+incumbent is not faster.  ``stats``: ``status`` (the solver's), ``source``
+(``milp`` or the heuristic's name), ``predicted_ms`` / ``predicted_peak_bytes``
+(the model's, for the MILP's plan), ``bound_ms`` (the solver's lower bound:
+valid for the formulation's schedule class, not for every schedule),
+``optimality_gap`` ((time - bound) / time, never below 0; None without a
+MILP), ``compute_bound_ms`` / ``compute_gap`` (the bound every schedule obeys:
+each route step at its fastest algorithm), ``solve_s`` (all planning).
+
+Scale (note 1).  The flat model has one keep binary per activation and stage
+it may live across, ~n^2 for n layers.  Above ``FLAT_LIMIT`` columns a
+prefetch may only be issued in the ``WINDOW`` stages before a use; above
+``MAX_COLUMNS`` no MILP is built and the best heuristic is returned with the
+trivial bound (every route step at its fastest algorithm): its gap is then a
+bound on what any schedule could gain.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from snsim.errors import PolicyError
+from snsim.graph import Graph
+from snsim.policies import register
+from snsim.policies import replay
+from snsim.policies.base import PlanContext
+from snsim.policies.finishing import finish
+from snsim.policies.optimal.decode import decode
+from snsim.policies.optimal.formulation import build, warm_start
+from snsim.policies.optimal.solve import Solution, highs, solve
+from snsim.schedule.ops import Schedule
+
+TIME_LIMIT_S = 60.0
+HEURISTICS = ("superneurons", "dtr", "utp", "cost-aware", "liveness")
+FLAT_LIMIT = 60_000
+WINDOW = 8
+MAX_COLUMNS = 400_000
+
+
+def compute_bound_ms(g: Graph) -> float:
+    """No schedule is faster than every route step at its fastest algorithm."""
+    return sum(min(g.step_ms(s, a) for a in range(max(1, len(g.layers[s[1]].workspace))))
+               for s in g.route)
+
+
+def columns_estimate(g: Graph) -> int:
+    """Roughly the flat model's keep columns: each activation across its live stages."""
+    last = g.last_use
+    return sum(max(0, last.get(("X", i), i) - i) for i in range(g.n))
+
+
+def best_heuristic(ctx: PlanContext):
+    """(ms, name, schedule) of the fastest feasible heuristic plan, or None."""
+    from snsim.policies import plan
+
+    g, cap = ctx.graph, ctx.capacity_bytes
+    best = None
+    for name in HEURISTICS:
+        if name == "dtr" and g.n > 5000:
+            continue   # tens of seconds of planning on 10^4 layers
+        s = plan(name, PlanContext(g, ctx.budget_bytes))
+        if s.infeasible_reason is not None:
+            continue
+        if replay.planned_peak(g, s.ops, cap)[1] is not None:
+            continue
+        ms = replay.estimate_ms(g, s.ops, cap)
+        if ms < math.inf and (best is None or ms < best[0]):
+            best = (ms, name, s)
+    return best
+
+
+def two_phase(g: Graph, cap: int, window: int | None, seconds: float):
+    """Solve the model without same-stage prefetches first (smaller, fast), then
+    the full model from its solution; the full model's result and formulation."""
+    t0 = time.perf_counter()
+    left = lambda: max(0.5, seconds - (time.perf_counter() - t0))  # noqa: E731
+    small = build(g, cap, window, sync=False)
+    first = solve(small.milp, 0.4 * left())
+    full = build(g, cap, window)
+    start = None if first.values is None else warm_start(small, first.values, full)
+    second = solve(full.milp, left(), start=start)
+    if second.values is None and first.values is not None:
+        # the start was not taken: keep the first phase's plan, with the full model's bound
+        return (Solution(second.status, first.values, first.objective,
+                         min(second.bound, first.objective), second.solve_s), small)
+    if (first.values is not None and second.values is not None
+            and first.objective < second.objective):
+        return (Solution(second.status, first.values, first.objective, second.bound,
+                         second.solve_s), small)
+    return second, full
+
+
+@register("optimal", "MILP optimum of keep/recompute/offload/prefetch (HiGHS; a reference)",
+          order=90, needs=("backward",), reference=True)
+def plan_optimal(ctx: PlanContext) -> Schedule:
+    highs()   # one line, before any work, if the solver is missing
+    g, cap = ctx.graph, ctx.capacity_bytes
+    opts = dict(ctx.options or {})
+    time_limit = float(opts.get("time_limit", TIME_LIMIT_S))
+    if not time_limit > 0:
+        raise PolicyError(f"policy optimal: time limit must be > 0 seconds, not {time_limit}")
+    t0 = time.perf_counter()
+    trivial = compute_bound_ms(g)
+    stats: dict = {"compute_bound_ms": round(trivial, 6)}
+    if cap < g.lower_bound_bytes:
+        from snsim.policies.liveness import liveness_ops
+        return Schedule("optimal", liveness_ops(g), ctx.budget_bytes,
+                        {**stats, "status": "infeasible"},
+                        f"the budget ({cap} bytes) is below the lower bound "
+                        f"({g.lower_bound_bytes} bytes): no schedule fits")
+    heur = best_heuristic(ctx)
+    cols = columns_estimate(g)
+    sol = milp_ops = None
+    if heur is not None and heur[0] <= trivial * (1 + 1e-12):
+        stats["status"] = "optimal: a heuristic plan runs at the compute bound"
+    elif cols <= MAX_COLUMNS:
+        window = None if cols <= FLAT_LIMIT else WINDOW
+        if window is not None:
+            stats["prefetch_window"] = window
+        sol, form = two_phase(g, cap, window, time_limit - (time.perf_counter() - t0))
+        stats["milp_columns"] = len(form.milp.lb)
+        stats["milp_rows"] = len(form.milp.rows)
+        stats["status"] = sol.status
+        if sol.values is not None:
+            milp_ops, peak = decode(form, sol.values)
+            stats["predicted_ms"] = round(sol.objective, 6)
+            stats["predicted_peak_bytes"] = peak
+    else:
+        stats["status"] = "not-built: model too large (note 1)"
+    if sol is None:
+        bound = trivial if heur is not None else None
+    else:
+        bound = max(trivial, sol.bound) if sol.status != "infeasible" else None
+    choice = None
+    if milp_ops is not None:
+        ms = replay.estimate_ms(g, milp_ops, cap)
+        choice = (ms, "milp", milp_ops)
+    if heur is not None and (choice is None or heur[0] < choice[0] - 1e-9):
+        choice = (heur[0], heur[1], heur[2].ops)
+    stats["solve_s"] = round(time.perf_counter() - t0, 3)
+    if choice is None:
+        from snsim.policies.liveness import liveness_ops
+        why = ("no schedule of the formulation's class fits the budget (the MILP is infeasible)"
+               if sol is not None and sol.status == "infeasible"
+               else f"no plan found within {time_limit:g} s fits the budget")
+        return Schedule("optimal", liveness_ops(g), ctx.budget_bytes, stats, why)
+    ms, source, ops = choice
+    stats["source"] = source
+    stats["compute_gap"] = round((ms - trivial) / ms, 6) if ms > 0 else 0.0
+    stats["bound_ms"] = None if bound is None else round(bound, 6)
+    stats["optimality_gap"] = (None if bound is None else
+                               round(max(0.0, (ms - bound) / ms), 6) if ms > 0 else 0.0)
+    if source != "milp":
+        stats.pop("predicted_ms", None)
+        stats.pop("predicted_peak_bytes", None)
+    return finish("optimal", g, ops, ctx.budget_bytes, stats)

@@ -1,0 +1,103 @@
+"""Solve a :class:`~.formulation.Milp` with HiGHS (``highspy``, the optional
+extra ``snsim[optimal]``), imported only when a plan is asked for."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from snsim.errors import PolicyError
+from snsim.policies.optimal.milp import Milp
+
+
+@dataclass(frozen=True)
+class Solution:
+    status: str                    # "optimal", "time-limit", "infeasible", ...
+    values: list[float] | None     # column values of the best solution found
+    objective: float               # its objective (inf if none)
+    bound: float                   # the solver's lower bound on the objective
+    solve_s: float
+
+
+def highs():
+    try:
+        import highspy
+    except ImportError:
+        raise PolicyError("policy optimal needs the MILP solver highspy: "
+                          "pip install 'snsim[optimal]' (or pip install highspy)") from None
+    return highspy
+
+
+def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None = None,
+          start: tuple[list[int], list[float]] | None = None) -> Solution:
+    """Minimise ``milp`` within ``time_limit`` seconds; ``cutoff``: only
+    solutions better than this objective are of interest (prunes the search);
+    ``start``: (columns, values) of integer columns of a known solution."""
+    hp = highs()
+    h = hp.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.setOptionValue("random_seed", 0)
+    if cutoff is not None and math.isfinite(cutoff):
+        h.setOptionValue("objective_bound", float(cutoff))
+    lp = hp.HighsLp()
+    lp.num_col_ = len(milp.lb)
+    lp.num_row_ = len(milp.rows)
+    lp.col_cost_ = milp.cost
+    lp.col_lower_ = milp.lb
+    lp.col_upper_ = milp.ub
+    lp.row_lower_ = [r[2] for r in milp.rows]
+    lp.row_upper_ = [r[3] for r in milp.rows]
+    a = lp.a_matrix_
+    a.format_ = hp.MatrixFormat.kRowwise
+    starts, index, value = [0], [], []
+    for idx, val, _, _ in milp.rows:
+        index.extend(idx)
+        value.extend(val)
+        starts.append(len(index))
+    a.start_, a.index_, a.value_ = starts, index, value
+    a.num_col_, a.num_row_ = lp.num_col_, lp.num_row_
+    lp.a_matrix_ = a
+    lp.integrality_ = [hp.HighsVarType.kInteger if b else hp.HighsVarType.kContinuous
+                       for b in milp.integer]
+    h.passModel(lp)
+    t0 = time.perf_counter()
+    if start is not None and start[0]:
+        complete(h, hp, milp, start)
+        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t0)))
+    h.run()
+    solve_s = time.perf_counter() - t0
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    S = hp.HighsModelStatus
+    status = {S.kOptimal: "optimal", S.kInfeasible: "infeasible",
+              S.kTimeLimit: "time-limit"}.get(ms, h.modelStatusToString(ms).lower())
+    has = info.primal_solution_status == 2   # feasible point
+    values = list(h.getSolution().col_value) if has else None
+    obj = info.objective_function_value if has else math.inf
+    bound = info.mip_dual_bound
+    if status == "optimal" and has:
+        bound = min(bound, obj) if math.isfinite(bound) else obj
+    return Solution(status, values, obj, bound if math.isfinite(bound) else 0.0, solve_s)
+
+
+def complete(h, hp, milp: Milp, start: tuple[list[int], list[float]]) -> None:
+    """Give ``h`` the start: integer columns fixed to ``start`` (0 where it says
+    nothing), the continuous ones from an LP, then the bounds restored."""
+    import numpy as np
+
+    fixed = dict(zip(*start))
+    cols = np.array([k for k, b in enumerate(milp.integer) if b], dtype=np.int32)
+    vals = np.array([float(fixed.get(int(k), 0.0)) for k in cols])
+    h.changeColsBounds(len(cols), cols, vals, vals)
+    h.run()
+    ok = h.getInfo().primal_solution_status == 2
+    sol = h.getSolution() if ok else None
+    h.changeColsBounds(len(cols), cols, np.array([milp.lb[k] for k in cols]),
+                       np.array([milp.ub[k] for k in cols]))
+    if ok:
+        h.setSolution(sol)
+

@@ -1,0 +1,93 @@
+"""The time rows of :mod:`.formulation`: the simulator's max-plus recurrences.
+
+The compute stream runs each stage's recomputations and step after its
+waits; the device-to-host engine copies the chosen offloads in issue order
+(after the forward step that makes each); the host-to-device engine the
+chosen prefetches in issue order, each after its offload ended.  Every row
+is a lower bound of the form ``time >= other time + duration`` (big-M where
+a binary switches it on), so with the binaries fixed the least solution is
+the simulator's timing and the makespan ``Z`` its iteration time.
+"""
+
+from __future__ import annotations
+
+from snsim.policies.optimal.milp import add
+
+
+def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
+    """Add the time rows to ``f.milp`` (``f``: the :class:`.formulation.Formulation`); ``r_at``/``p_at``: stage -> [(layer or
+    tensor, column)] of candidate recomputations / prefetches in issue order."""
+    g, m = f.graph, f.milp
+    n, route = g.n, g.route
+    K = len(route)
+    dev = g.trace.device
+    d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
+    size = {t: g.size(t) for t in f.tensors}
+    # time: the compute stream; W[k] is stage k's start after the waits for
+    # the prefetches it issued itself (T[k] where it has none)
+    big = horizon
+    W = list(f.T[:K])
+    for k in {k for (k, t), u in f.P_wait.items() if u == k}:
+        W[k] = m.var(0.0, horizon, integer=False)
+        m.row({W[k]: 1.0, f.T[k]: -1.0}, lo=0.0)
+    for k, step in enumerate(route):
+        c = {f.T[k + 1]: 1.0, W[k]: -1.0}
+        const = 0.0
+        for j, r in r_at.get(k, []):
+            add(c, r, -g.step_ms(("R", j), f.r_algo[j]))
+        if k in f.A:
+            for v, a in f.A[k]:
+                add(c, v, -g.step_ms(step, a))
+        else:
+            const = g.step_ms(step, 0)
+        m.row(c, lo=const)            # T[k+1] >= C_k
+    # d2h: one chain over the candidate offloads in issue order (X_i, then S_i,
+    # after F_i); E[t] is the engine's time after candidate t (its copy's end
+    # when chosen).  C_i = T_i + F_i's time (no recomputation in forward).
+    E: dict = {}
+    prev = None
+    for t in sorted(f.O, key=lambda t: (t[1], t[0] != "X")):
+        i, o = t[1], f.O[t]
+        q = E[t] = m.var(0.0, horizon, integer=False)
+        copy = size[t] * d2h_ms
+        e = {q: 1.0, f.T[i]: -1.0, o: -copy}
+        const = 0.0
+        if i in f.A:
+            for v, a in f.A[i]:
+                add(e, v, -g.step_ms(route[i], a))
+        else:
+            const = g.step_ms(route[i], 0)
+        m.row(e, lo=const)
+        if prev is not None:
+            m.row({q: 1.0, prev: -1.0, o: -copy}, lo=0.0)
+        prev = q
+    if prev is not None:
+        m.row({f.Z: 1.0, prev: -1.0}, lo=0.0)
+    # h2d: the same over the candidate prefetches; a chosen one's wait is at
+    # the start of its stage P_wait, and it starts after its offload ended
+    prev = None
+    for k in sorted(p_at):
+        for t, p in p_at[k]:
+            q = m.var(0.0, horizon, integer=False)
+            copy = size[t] * h2d_ms
+            m.row({q: 1.0, f.T[k]: -1.0, p: -copy}, lo=0.0)
+            if prev is not None:
+                m.row({q: 1.0, prev: -1.0, p: -copy}, lo=0.0)
+            m.row({q: 1.0, E[t]: -1.0, p: -copy - big}, lo=-big)
+            u = f.P_wait[k, t]
+            m.row({(W[u] if u == k else f.T[u]): 1.0, q: -1.0, p: -big}, lo=-big)
+            prev = q
+    for t, o in f.O.items():
+        # freed at the end of forward stage k (after waiting for its copy):
+        # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
+        i = t[1]
+        for k in range(f.last_fwd[t], n):
+            row = {f.T[k + 1]: 1.0, E[t]: -1.0, o: -big}
+            lo = -2 * big
+            if k == i:
+                lo += big
+            else:
+                add(row, f.S[k, t], -big)
+            add(row, f.S.get((k + 1, t)), big)
+            m.row(row, lo=lo)
+    m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)

@@ -1,0 +1,330 @@
+"""Policy ``optimal`` (the MILP reference) against hand-worked optima and a brute force.
+
+The brute force below is independent of the MILP: for every activation of a
+tiny chain it tries keep (liveness), recompute (dropped after its last forward
+use, recomputed from its inputs right before a backward step needs it) and
+swap (offloaded after its forward step, freed after its last forward use once
+the copy ended, prefetched at any backward stage up to its use), builds each
+schedule op by op, and keeps the fastest the simulator finds feasible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from conftest import L, make
+from snsim.errors import PolicyError
+from snsim.graph import Graph, X
+from snsim.policies import get, names, plan, replay
+from snsim.policies.base import PlanContext
+from snsim.schedule import verify
+from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
+from snsim.sim import simulate
+from snsim.trace.model import Device
+
+highspy = pytest.importorskip("highspy")
+
+SLOW = Device("slow link", 10**6, 2e4, 2e4)   # 100 bytes take 5 ms each way
+
+
+def chain4():
+    """data X0 100 -> conv X1 200 (reads inputs) -> act X2 200 (reads output) -> loss X3 4."""
+    return make([
+        L(0, "data", [], 100),
+        L(1, "conv", [0], 200, params=10, fwd=2.0, bwd=4.0, reads=["inputs"]),
+        L(2, "act", [1], 200, fwd=1.0, bwd=1.0, reads=["output"]),
+        L(3, "loss", [2], 4, fwd=0.5, bwd=0.5, reads=["inputs"]),
+    ], "chain4")
+
+
+def chain5(device=None):
+    """data -> conv -> act -> conv -> loss: a cheap act worth recomputing on a slow link."""
+    t = make([
+        L(0, "data", [], 100),
+        L(1, "conv", [0], 100, params=10, fwd=1.0, bwd=2.0, reads=["inputs"]),
+        L(2, "act", [1], 100, fwd=0.5, bwd=0.5, reads=["output"]),
+        L(3, "conv", [2], 100, params=10, fwd=1.0, bwd=2.0, reads=["inputs"]),
+        L(4, "loss", [3], 4, fwd=0.25, bwd=0.25, reads=["inputs"]),
+    ], "chain5")
+    if device is not None:
+        from dataclasses import replace
+        t = replace(t, device=device)
+    return t
+
+
+def run_optimal(g, budget, seconds=20):
+    s = plan("optimal", PlanContext(g, budget, {"time_limit": seconds}))
+    verify(g, s)
+    return s, simulate(g, s, budget, record=False)
+
+
+# ------------------------------------------------------------------ brute force
+def brute_schedules(g: Graph):
+    """Every schedule of the keep / recompute / swap family described above."""
+    n = g.n
+    route = g.route
+    bwd_stage = {k for k, s in enumerate(route) if s[0] == "B"}
+    last = g.last_use
+    fwd_last = {i: max([i] + [k for k, s in enumerate(route) if s[0] == "F" and X(i) in g.needs(s)])
+                for i in range(n)}
+    first_bwd = {i: min([k for k in bwd_stage if X(i) in g.needs(route[k])], default=None)
+                 for i in range(n)}
+    choices = []
+    for i in range(n):
+        opts = ["keep"]
+        if i < n - 1 and first_bwd[i] is not None and fwd_last[i] < min(bwd_stage):
+            opts.append("swap")
+            if g.layers[i].kind != "data":
+                opts.append("recompute")
+        choices.append(opts)
+    for combo in itertools.product(*choices):
+        swaps = [i for i in range(n) if combo[i] == "swap"]
+        issue_opts = [range(min(bwd_stage), first_bwd[i] + 1) for i in swaps]
+        for issue in itertools.product(*issue_opts):
+            try:
+                yield build_schedule(g, combo, dict(zip(swaps, issue)), fwd_last, last)
+            except Unbuildable:
+                continue
+
+
+class Unbuildable(Exception):
+    """A choice that needs the data layer recomputed (not physical)."""
+
+
+def build_schedule(g, combo, issue_at, fwd_last, last):
+    route = g.route
+    ops, resident, inflight = [], set(), set()
+
+    def ensure(j):   # X_j resident: wait for its prefetch, or recompute it from its inputs
+        if X(j) in resident:
+            return
+        if X(j) in inflight:
+            ops.append(Wait(X(j)))
+            inflight.discard(X(j))
+            resident.add(X(j))
+            return
+        if g.layers[j].kind == "data":
+            raise Unbuildable
+        for m in g.layers[j].inputs:
+            ensure(m)
+        ops.append(Compute("R", j))
+        resident.add(X(j))
+
+    for k, step in enumerate(route):
+        for i, at in issue_at.items():
+            if at == k and X(i) not in resident:
+                ops.append(Prefetch(X(i)))
+                inflight.add(X(i))
+        for t in g.needs(step):
+            if t[0] == "X":
+                ensure(t[1])
+        ops.append(Compute(*step))
+        resident.update(t for t in g.allocs(step) if t[0] == "X")
+        if step[0] == "F" and combo[step[1]] == "swap":
+            ops.append(Offload(X(step[1])))
+        for i in range(g.n):
+            if X(i) in resident and combo[i] != "keep" and step[0] == "F" and fwd_last[i] == k:
+                if combo[i] == "swap":
+                    ops.append(Wait(X(i)))
+                ops.append(Free(X(i)))
+                resident.discard(X(i))
+        for t, k_last in last.items():
+            if k_last == k and (t[0] != "X" or t in resident):
+                ops.append(Free(t))
+                resident.discard(t)
+        for t in sorted(resident):   # recomputed inputs nobody needs any more
+            if last[t] < k:
+                ops.append(Free(t))
+                resident.discard(t)
+    if inflight:
+        raise Unbuildable   # a prefetch nobody waited for
+    return ops
+
+
+def brute_best(g, budget):
+    best = math.inf
+    for ops in brute_schedules(g):
+        s = Schedule("brute", ops, budget)
+        verify(g, s)
+        r = simulate(g, s, budget, record=False)
+        if r.feasible:
+            best = min(best, r.iteration_ms)
+    return best
+
+
+# --------------------------------------------------------------------- tests
+def test_optimal_is_a_reference_policy_not_in_sweeps():
+    assert "optimal" not in names()
+    assert "optimal" in names(reference=True)
+    assert get("optimal").needs == frozenset({"backward"})
+
+
+def test_chain4_hand_worked_optimum():
+    """Budget 620 = the lower bound (B2: static 20 + G2 + X2 + G1).  Liveness
+    keeps the data X0 (100) through B2: 720.  X0 cannot be recomputed, so it is
+    offloaded (1 ms, hidden under F1's 2 ms) and brought back after B2, where
+    nothing can hide the 1 ms copy: 9 ms of compute + 1 ms = 10 ms."""
+    g = Graph(chain4())
+    assert g.lower_bound_bytes == 620
+    s, r = run_optimal(g, 620)
+    assert r.feasible and r.iteration_ms == pytest.approx(10.0, abs=1e-9)
+    assert r.peak_bytes == 620
+    assert not any(type(op) is Compute and op.phase == "R" and op.layer == 0 for op in s.ops)
+    s, r = run_optimal(g, 720)   # liveness fits: pure compute
+    assert r.iteration_ms == pytest.approx(9.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("trace, device", [(chain4, None), (chain5, None), (chain5, SLOW)])
+def test_optimal_matches_brute_force_and_its_own_prediction(trace, device):
+    t = trace() if device is None else trace(device)
+    g = Graph(t)
+    lb = g.lower_bound_bytes
+    top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+    for budget in sorted({lb, lb + (top - lb) // 3, lb + (top - lb) // 2, top}):
+        want = brute_best(g, budget)
+        s, r = run_optimal(g, budget)
+        assert r.feasible, (budget, r.reason)
+        assert r.iteration_ms == pytest.approx(want, abs=1e-9) or r.iteration_ms < want, budget
+        assert s.stats["optimality_gap"] == pytest.approx(0.0, abs=1e-6)
+        if s.stats["source"] == "milp":
+            assert s.stats["predicted_ms"] == pytest.approx(r.iteration_ms, abs=1e-6)
+            assert s.stats["predicted_peak_bytes"] == r.peak_bytes
+        assert lb <= r.peak_bytes <= budget
+
+
+def test_chain5_slow_link_recomputes_memory_centric():
+    """chain5 on a link where 100 B take 5 ms, budget 440 (static 40 + 400).
+    Liveness peaks at B4: X0 (kept for B1), X2 (for B3), X3, G4 (4) and the
+    G3 it makes: 444.  Dropping X2 after F3 and recomputing it in B3's stage
+    (R1 from the kept X0: 340, R2: 440, X1 freed before B3, which makes G2:
+    440) fits and costs 1 + 0.5 ms; a 100 B copy takes 5 ms each way, more
+    than the 1.5 ms of compute from F3 to B4 can hide.  So 7.5 + 1.5 =
+    9 ms, no copies."""
+    g = Graph(chain5(SLOW))
+    assert g.lower_bound_bytes == 340
+    s, r = run_optimal(g, 440)
+    assert r.feasible
+    assert r.iteration_ms == pytest.approx(9.0, abs=1e-9)
+    assert r.recompute_ms == pytest.approx(1.5, abs=1e-9)
+    assert r.h2d_bytes == r.d2h_bytes == 0
+    assert s.stats["optimality_gap"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("trace", [chain4, chain5])
+def test_optimal_never_worse_than_every_heuristic(trace):
+    g = Graph(trace())
+    lb = g.lower_bound_bytes
+    for budget in (lb, int(lb * 1.1), int(lb * 1.5)):
+        _, r = run_optimal(g, budget)
+        for p in names():
+            h = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
+            if h.feasible:
+                assert r.feasible and r.iteration_ms <= h.iteration_ms + 1e-9, p
+
+
+def test_milp_prediction_equals_simulator_on_its_own_plan():
+    """The MILP's plan itself (not a heuristic's): objective and peak are the simulator's."""
+    from snsim.policies.optimal.decode import decode
+    from snsim.policies.optimal.formulation import build
+    from snsim.policies.optimal.solve import solve
+
+    for t in (chain4(), chain5(), chain5(SLOW)):
+        g = Graph(t)
+        lb = g.lower_bound_bytes
+        for budget in (lb, int(lb * 1.2)):
+            f = build(g, budget)
+            sol = solve(f.milp, 20)
+            assert sol.status == "optimal"
+            ops, peak = decode(f, sol.values)
+            s = Schedule("milp", ops, budget)
+            verify(g, s)
+            r = simulate(g, s, budget, record=False)
+            assert r.feasible
+            assert sol.objective == pytest.approx(r.iteration_ms, abs=1e-6)
+            assert peak == r.peak_bytes
+            assert replay.estimate_ms(g, ops, budget) == pytest.approx(r.iteration_ms, abs=1e-9)
+
+
+def test_infeasible_budget_is_an_outcome_with_a_reason():
+    g = Graph(chain4())
+    s = plan("optimal", PlanContext(g, 600))
+    verify(g, s)
+    assert "below the lower bound" in s.infeasible_reason
+    r = simulate(g, s, 600, record=False)
+    assert not r.feasible and r.reason == s.infeasible_reason
+
+
+def test_missing_solver_is_one_line(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "highspy", None)
+    with pytest.raises(PolicyError, match="pip install 'snsim\\[optimal\\]'"):
+        plan("optimal", PlanContext(Graph(chain4()), 700))
+
+
+def test_cli_time_limit(tmp_path, capsys):
+    import json
+
+    from snsim.cli import main
+    from snsim.trace import save
+
+    path = tmp_path / "chain4.json"
+    save(chain4(), str(path))
+    assert main(["simulate", str(path), "--policy", "optimal", "--budget", "620",
+                 "--time-limit", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["iteration_ms"] == pytest.approx(10.0)
+    for key in ("optimality_gap", "bound_ms", "solve_s", "status"):
+        assert key in out["policy_stats"]
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", str(path), "--policy", "optimal", "--time-limit", "-1"])
+    assert e.value.code == 2
+    assert "positive number of seconds" in capsys.readouterr().err
+
+
+# ------------------------------------------------------ found on the way (issue 15)
+def test_ledger_refuses_recomputing_the_data_layer():
+    """The input is read from the host: kept, or copied back, never "recomputed" for 0 ms."""
+    from snsim.errors import ScheduleError
+    from snsim.schedule import ledger
+
+    g = Graph(chain4())
+    ops = [Compute("F", 0), Compute("F", 1), Free(X(0)), Compute("R", 0)]
+    with pytest.raises(ScheduleError, match="op 3 .*recomputes the data layer"):
+        ledger.walk(g, ops, route=False)
+
+
+def test_dtr_keeps_the_data_layer_instead_of_recomputing_it():
+    """Random DAGs where DTR used to recompute the data layer (53 of these 160
+    plans, e.g. seed 0 with 8 layers at the lower bound): its plans now pass
+    the ledger's rule."""
+    from snsim import synth
+
+    seen = 0
+    for seed in range(40):
+        for n in (8, 16):
+            g = Graph(synth.random_dag(seed, n))
+            lb = g.lower_bound_bytes
+            top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+            for budget in (lb, lb + (top - lb) // 3):
+                s = plan("dtr", PlanContext(g, budget))
+                verify(g, s)   # raises on a recomputed data layer
+                seen += any(type(op) is Compute and op.phase == "R" for op in s.ops)
+    assert seen > 0   # the sweep does exercise recomputation
+
+
+def test_infeasible_run_reports_no_time_and_no_peak():
+    """liveness needs 720 on chain4; at 620 it stops part-way: no iteration
+    time, no peak in --json (the partial figures under their own names)."""
+    g = Graph(chain4())
+    r = simulate(g, plan("liveness", PlanContext(g, 620)), 620, record=False)
+    assert not r.feasible
+    d = r.to_dict()
+    assert d["iteration_ms"] is None and d["peak_bytes"] is None
+    assert d["time_over_compute"] is None and d["peak_over_lower_bound"] is None
+    assert d["partial_peak_bytes"] == r.peak_bytes and d["reason"]
+    ok = simulate(g, plan("liveness", PlanContext(g, 720)), 720, record=False).to_dict()
+    assert ok["iteration_ms"] == pytest.approx(9.0) and ok["peak_bytes"] == 720
