@@ -24,7 +24,7 @@ from tests import families  # noqa: E402
 
 # liveness's prediction within 2% of plain autograd's measured peak (the others:
 # in-place aliasing, G_i held through a view assembly, double chunk assembly)
-FAITHFUL = {"lstm_lm", "gru_classifier", "tied_lm", "two_heads", "residual_mlp",
+FAITHFUL = {"lstm_lm", "gru_classifier", "tied_lm", "two_heads", "residual_mlp", "sdpa_model",
             "transposed_linear"}
 
 # under-predicted: autograd sums a shared module's weight gradients in a buffer of its

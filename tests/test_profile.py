@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import operator
 import textwrap
 
 import pytest
@@ -522,3 +523,55 @@ def test_step_timing_reports_progress_per_step():
     times = time_steps(Program(model, example), Graph(from_dict(doc)), example.numpy().copy(),
                        torch.device("cpu"), 2, 3, tick=lambda: ticks.append(1))
     assert len(ticks) == 2 + 3 and times
+
+
+class _Unpacks(nn.Module):
+    """``q, k, v = t`` (eager: unbind), ``t[0] + t[1]`` (eager: select)."""
+
+    def __init__(self, explicit: bool):
+        super().__init__()
+        self.explicit = explicit
+        self.fc = nn.Linear(4, 12)
+
+    def forward(self, x):
+        t = self.fc(x).view(x.shape[0], 3, 4).transpose(0, 1)
+        if self.explicit:
+            q, k, v = t[0], t[1], t[2]
+        else:
+            q, k, v = t
+        return q * k + v
+
+
+def test_tensor_unpacking_is_one_unbind_as_in_eager_pytorch():
+    """Capture note [8]: unpacking becomes one ``torch.unbind`` (a view, so no
+    layer), explicit indexing stays ``select``; a module's tuple unpacks by
+    plain getitem (the LSTM below) and is left alone."""
+    from snsim.torchgraph.capture import capture
+
+    def targets(model, x):
+        # the call_function targets, getitem named by what it indexes (x.shape[0]: getattr)
+        cap = capture(model, x)
+        return [(n.target, getattr(n.args[0], "target", None))
+                if n.target is operator.getitem else n.target
+                for n in cap.graph_module.graph.nodes if n.op == "call_function"], cap
+
+    x = torch.randn(5, 4)
+    got, cap = targets(_Unpacks(False), x)
+    assert got.count(torch.unbind) == 1
+    assert got.count((operator.getitem, torch.unbind)) == 3
+    assert [layer.kind for layer in cap.layers] == ["data", "fc", "other", "add", "loss"]
+    got, _ = targets(_Unpacks(True), x)
+    assert torch.unbind not in got and got.count((operator.getitem, "transpose")) == 3
+
+    class Rnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(4, 4, batch_first=True)
+
+        def forward(self, x):
+            out, (h, c) = self.rnn(x)
+            return out[:, -1] + h[0]
+
+    got, _ = targets(Rnn(), torch.randn(2, 3, 4))
+    assert torch.unbind not in got
+

@@ -52,10 +52,21 @@ Notes the code points back to:
     decomposition (~5 ms a call); this cuts ResNet-2500 at batch 32 from ~31 s
     to ~9 s on a 2-core laptop.  Parameter bytes and graph structure are never
     memoized.  ``MEMO = False`` disables it.
+[8] Unpacking a tensor (``q, k, v = t``) runs ``t.unbind(0)`` in eager
+    PyTorch, whose backward stacks the pieces' gradients into one buffer;
+    torch.fx records it as one ``getitem`` (``select``) per piece, whose
+    backwards each allocate a zero tensor of ``t``'s size.  The tracer marks
+    unpacking, and capture rewrites it into one ``torch.unbind`` node (a view,
+    note [1]) once the value is known to be a tensor (a module's tuple output
+    unpacks by plain ``getitem``).  Explicit indexing (``t[0], t[1]``) stays
+    ``select``, as in eager PyTorch.
 """
 
 from __future__ import annotations
 
+import bisect
+import dis
+import inspect
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -72,10 +83,33 @@ MEMO = True  # note [6]
 
 
 class Tracer(fx.Tracer):
-    """fx tracer that keeps modules marked ``snsim_leaf = True`` as single nodes."""
+    """fx tracer that keeps modules marked ``snsim_leaf = True`` as single nodes
+    and marks tuple unpacking (``q, k, v = t``) for note [8]."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return getattr(m, "snsim_leaf", False) or super().is_leaf_module(m, qualname)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return UnpackingProxy(node, self)
+
+
+class UnpackingProxy(fx.Proxy):
+    """A proxy whose unpacking ``a, b, c = p`` is recorded on the nodes [8]."""
+
+    def __iter__(self):
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is not None:
+            insts = list(dis.get_instructions(caller.f_code))
+            k = bisect.bisect_left(insts, caller.f_lasti, key=lambda x: x.offset)
+            if k < len(insts) and insts[k].opname == "UNPACK_SEQUENCE":
+                n = insts[k].argval
+                self.node.meta["snsim_unpack"] = n
+                items = [self[i] for i in range(n)]
+                for item in items:
+                    item.node.meta["snsim_unpacked"] = True
+                return iter(items)
+        return self.tracer.iter(self)
 
 
 @dataclass
@@ -259,6 +293,10 @@ def _capture(gm, nodes, example, progress) -> Capture:
             out_node = node.args[0]
             continue
         _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo, derived)
+        unbound = _unbind_unpacking(gm, node, env)
+        if unbound is not None:
+            _run_node(gm, unbound, env, node_layer, layers, static_ids, seen_params, memo,
+                      derived)
     outs = output_nodes(out_node)
     if not outs or not all(isinstance(env.get(n.name), torch.Tensor) for n in outs):
         got = env.get(getattr(out_node, "name", ""), out_node)
@@ -271,6 +309,26 @@ def _capture(gm, nodes, example, progress) -> Capture:
     if progress is not None:
         progress(None)
     return Capture(layers, gm, node_layer, frozenset(derived))
+
+
+def _unbind_unpacking(gm: fx.GraphModule, node: fx.Node, env) -> fx.Node | None:
+    """If ``node``'s value is a tensor the code unpacked (``q, k, v = t``), make
+    the unpacking one ``torch.unbind`` node, as eager PyTorch runs it [8]."""
+    n = node.meta.get("snsim_unpack")
+    value = env.get(node.name)
+    if not n or not isinstance(value, torch.Tensor) or value.dim() == 0 \
+            or value.shape[0] != n:
+        return None
+    items = [u for u in node.users if u.op == "call_function"
+             and u.target is operator.getitem and u.meta.get("snsim_unpacked")]
+    if not items:
+        return None
+    with gm.graph.inserting_after(node):
+        unbound = gm.graph.call_function(torch.unbind, (node, 0))
+    for u in items:
+        u.args = (unbound, u.args[1])
+    gm.recompile()
+    return unbound
 
 
 def _dtype(t: torch.Tensor) -> str:

@@ -106,13 +106,25 @@ class Program:
         with torch.no_grad():
             return fn(*args, **kwargs)
 
-    def _value(self, node: fx.Node, values: dict[int, Any]) -> Any:
-        """Value of ``node`` given the tensors of the layers in ``values``."""
+    def _value(self, node: fx.Node, values: dict[int, Any], seen: dict | None = None) -> Any:
+        """Value of ``node`` given the tensors of the layers in ``values``.
+
+        ``seen`` memoizes views within one layer's call: eager PyTorch computes
+        ``qkv.permute(...)`` once for ``q``, ``k`` and ``v``, so its backward
+        assembles their gradients once."""
+        if seen is not None and node.name in seen:
+            return seen[node.name]
+        value = self._value_of(node, values, {} if seen is None else seen)
+        if seen is not None:
+            seen[node.name] = value
+        return value
+
+    def _value_of(self, node: fx.Node, values: dict[int, Any], seen: dict) -> Any:
         if node.name in self._consts:
             return self._consts[node.name]
         if node.name in self._derived:  # re-evaluated in each consuming layer, with grad
             args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                           lambda n: self._value(n, values))
+                                           lambda n: self._value(n, values, seen))
             return self._fns[node.name](*args, **kwargs)
         lid = self.node_layer[node.name]
         if lid is not None and self._producer.get(lid) is node:
@@ -120,7 +132,7 @@ class Program:
         if lid is None:  # read off a layer (x.shape[0]): the same every step; keep it
             fn = self._fns.get(node.name) or cap.op_callable(self.gm, node)[0]
             args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                           lambda n: self._value(n, values))
+                                           lambda n: self._value(n, values, seen))
             with torch.no_grad():
                 value = fn(*args, **kwargs)
             if isinstance(value, torch.Tensor):
@@ -134,7 +146,7 @@ class Program:
             fn, _ = cap.op_callable(self.gm, node)
             self._fns[node.name] = fn
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                       lambda n: self._value(n, values))
+                                       lambda n: self._value(n, values, seen))
         return fn(*args, **kwargs)
 
     def _read_shapes(self, example: torch.Tensor) -> None:
@@ -147,12 +159,13 @@ class Program:
     def run(self, i: int, values: dict[int, Any]) -> Any:
         """Compute layer ``i`` from its input layers' tensors."""
         layer = self.layers[i]
+        seen: dict = {}
         if i == self.n - 1:
-            return self.loss([self._value(n, values)
+            return self.loss([self._value(n, values, seen)
                               for n in cap.output_nodes(self._out_node)])
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                       lambda n: self._value(n, values))
+                                       lambda n: self._value(n, values, seen))
         return self._fns[node.name](*args, **kwargs)
 
     def existing_bytes(self) -> int:
