@@ -220,6 +220,26 @@ def test_bad_profile_argument(capsys, tmp_path, guarded, argv, message):
     _check(capsys, tmp_path, argv, message, outputs=["{d}/p.json"])
 
 
+# A model function's own answers can only be checked by calling it (inside the
+# profiler, before any capture or timing), so these run without the guard.
+FUNCTION_CASES = {
+    "function-fractional-shape": (["profile", "--model", "toymodels:fractional_shape",
+                                   "--batch", "2", "--out", "{d}/p.json"],
+                                  "input shape (4.5,) that is not a sequence of integers"),
+    "function-data-dependent": (["profile", "--model", "toymodels:data_dependent",
+                                 "--out", "{d}/p.json"],
+                                "without data-dependent control flow"),
+    "function-batch-disagrees": (["profile", "--model", "toymodels:data_dependent",
+                                  "--batch", "3", "--out", "{d}/p.json"], "batch"),
+}
+
+
+@pytest.mark.parametrize("argv, message", list(FUNCTION_CASES.values()), ids=list(FUNCTION_CASES))
+def test_bad_model_function(capsys, tmp_path, argv, message):
+    pytest.importorskip("torch")
+    _check(capsys, tmp_path, argv, message, outputs=["{d}/p.json"])
+
+
 VAL = ["validate", "--model", "toymodels:residual", "--batch", "2"]
 VALIDATE = {
     "no-model": (["validate", "--batch", "2"], "needs --model"),

@@ -53,3 +53,23 @@ def concat():
 
 def dropout_bn():
     return DropoutBN(), (3, 16, 16)
+
+
+def fractional_shape():
+    """A model function whose input shape is not integers (bad input)."""
+    return nn.Linear(4, 2), (4.5,)
+
+
+class _Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:   # data-dependent control flow: fx cannot trace it
+            return self.fc(x)
+        return self.fc(-x)
+
+
+def data_dependent():
+    return _Branches(), torch.zeros(2, 4)

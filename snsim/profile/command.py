@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                          "(or --list-models / --list-device-models)")
     shape = parse_shape(args.input_shape)
     # the profiler's own checks, made here before torch is imported or a model built
-    if args.batch < 1:
+    if args.batch is not None and args.batch < 1:
         raise SnsimError(f"--batch must be at least 1, got {args.batch}")
     if args.repeats < 1 or args.warmup < 0:
         raise SnsimError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats}, "

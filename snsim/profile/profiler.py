@@ -90,6 +90,9 @@ def _import_model(spec: str, input_shape, device: torch.device,
     shape = None
     if second is not None:
         try:
+            if isinstance(second, (str, bytes)) or any(
+                    isinstance(s, bool) or int(s) != s for s in second):
+                raise TypeError
             shape = tuple(int(s) for s in second)
         except (TypeError, ValueError):
             raise SnsimError(f"{spec} returned an input shape {second!r} that is not a "
