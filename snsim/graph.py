@@ -116,7 +116,10 @@ class Graph:
 
     def size(self, t: Tensor) -> int:
         layer = self.layers[t[1]]
-        return layer.saved_extra_bytes if t[0] == "S" else layer.output_bytes
+        kind = t[0]
+        if kind == "S":
+            return layer.saved_extra_bytes
+        return layer.gradient_bytes if kind == "G" else layer.output_bytes
 
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:
         ws = self.layers[step[1]].workspace

@@ -72,3 +72,35 @@ def test_walk_names_the_op(chain4):
         ledger.walk(Graph(chain4), [Compute("F", 0), Free(X(1))], "p", route=False)
     with pytest.raises(ScheduleError, match="waits for X0"):
         ledger.walk(Graph(chain4), [Compute("F", 0), Wait(X(0))], route=False)
+
+
+def test_grad_bytes_sizes_the_gradient_by_hand():
+    """A tuple layer whose 60 B output has one 40 B element that gets a gradient
+    (``grad_bytes``): G2 is 40 B, X2 stays 60 B.  data X0 100 -> fc X1 200
+    (reads input) -> attention X2 60 (reads nothing) -> loss X3 4; static 2 x 10.
+    Liveness level before B2: static 20 + X0 100 + G2 40 = 160 (with G2 = 60 it
+    would be 180); B2 allocates G1 200: 360."""
+    import dataclasses
+
+    from conftest import L, make
+    from snsim.policies.base import PlanContext
+    from snsim.policies.liveness import plan_liveness
+    from snsim.trace import from_dict
+    from snsim.trace.io import to_dict
+
+    attn = dataclasses.replace(L(2, "attention", [1], 60, fwd=1.0, bwd=2.0), grad_bytes=40)
+    t = make([L(0, "data", [], 100),
+              L(1, "fc", [0], 200, params=10, fwd=1.0, bwd=2.0, reads=["inputs"]),
+              attn, L(3, "loss", [2], 4, fwd=0.5, bwd=0.5, reads=["inputs"])])
+    g = Graph(t)
+    assert (g.size(("G", 2)), g.size(("X", 2))) == (40, 60)
+    ops = plan_liveness(PlanContext(g)).ops
+    k = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.step == ("B", 2))
+    level = sum(a - f for a, _, f in ledger.walk(g, ops)[:k]) + g.trace.static_bytes
+    assert level == 20 + 100 + 40          # X0 and G2 (40 B, not 60) before B2
+    assert level + ledger.walk(g, ops)[k][0] == 360
+    doc = to_dict(t)
+    assert doc["layers"][2]["grad_bytes"] == 40 and from_dict(doc).layers[2].grad_bytes == 40
+    doc["layers"][2]["grad_bytes"] = 61
+    with pytest.raises(Exception, match="field grad_bytes: 61 is more than output_bytes 60"):
+        from_dict(doc)

@@ -575,3 +575,22 @@ def test_tensor_unpacking_is_one_unbind_as_in_eager_pytorch():
     got, _ = targets(Rnn(), torch.randn(2, 3, 4))
     assert torch.unbind not in got
 
+
+
+def test_tuple_layer_gradient_counts_the_elements_read():
+    """Capture note [9]: ``a, _ = attn(h, h, h)`` reads the output, not the
+    weights, so the layer's gradient is the output's bytes alone."""
+    from snsim.torchgraph.capture import capture
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            a, _ = self.attn(x, x, x)
+            return a.mean(dim=1)
+
+    layer = next(t for t in capture(Attn(), torch.randn(3, 5, 8)).layers if t.kind == "attention")
+    out, weights = 3 * 5 * 8 * 4, 3 * 5 * 5 * 4
+    assert (layer.output_bytes, layer.grad_bytes) == (out + weights, out)

@@ -60,6 +60,10 @@ Notes the code points back to:
     note [1]) once the value is known to be a tensor (a module's tuple output
     unpacks by plain ``getitem``).  Explicit indexing (``t[0], t[1]``) stays
     ``select``, as in eager PyTorch.
+[9] A tuple-valued layer's gradient ``G_i`` holds the gradients of the
+    elements something reads; ``a, _ = attn(q, k, v)`` gives the attention
+    weights none, and autograd allocates none for them.  ``grad_bytes`` says
+    so where it is less than ``output_bytes`` (integer elements get none).
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ class CapturedLayer:
     target: str = ""
     inplace_of: int | None = None
     requires_grad: bool = True
+    grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
 
 
 @dataclass
@@ -305,10 +310,39 @@ def _capture(gm, nodes, example, progress) -> Capture:
     ids = [node_layer[n.name] for n in outs]
     if any(i is None or i == 0 for i in ids):
         raise SnsimError("model output does not depend on its input")
+    _set_grad_bytes(nodes, env, node_layer, layers)
     _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
         progress(None)
     return Capture(layers, gm, node_layer, frozenset(derived))
+
+
+def _set_grad_bytes(nodes, env, node_layer, layers) -> None:
+    """A tuple-valued layer's ``grad_bytes``: its floating elements that something
+    reads [9] (``a, _ = attn(q, k, v)`` leaves the weights without a gradient)."""
+    for node in nodes:
+        lid = node_layer.get(node.name)
+        value = env.get(node.name)
+        if lid is None or lid == 0 or not isinstance(value, (tuple, list)) \
+                or node.target is operator.getitem:
+            continue
+        used = _used(node, value)
+        layers[lid].grad_bytes = sum(nbytes(t) for t in used if t.is_floating_point())
+
+
+def _used(node: fx.Node, value) -> list[torch.Tensor]:
+    """The tensors of ``value`` (``node``'s) that some user of ``node`` reads."""
+    if isinstance(value, torch.Tensor):
+        return [value] if node.users else []
+    out: list[torch.Tensor] = []
+    for user in node.users:
+        if user.op == "call_function" and user.target is operator.getitem \
+                and isinstance(user.args[1], int):
+            out += [t for t in _used(user, value[user.args[1]])
+                    if all(t is not o for o in out)]
+        else:   # the whole tuple goes somewhere: every element may get a gradient
+            return tensors_of(value)
+    return out
 
 
 def _unbind_unpacking(gm: fx.GraphModule, node: fx.Node, env) -> fx.Node | None:

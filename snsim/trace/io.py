@@ -25,7 +25,7 @@ from snsim.trace.fastcheck import Unsupported, compile_schema
 from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace
 
 _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
-               "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace"})
+               "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace", "grad_bytes"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
 _validator = None
 _fast = None
@@ -119,6 +119,10 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             for key in ("fwd_ms", "bwd_ms"):
                 if not math.isfinite(ws[key]):
                     raise TraceError(f"{where}, field workspace.{k}.{key}: time must be finite")
+        if raw.get("grad_bytes", 0) > raw["output_bytes"]:
+            raise TraceError(f"{where}, field grad_bytes: {raw['grad_bytes']} is more than "
+                             f"output_bytes {raw['output_bytes']} (a gradient is at most the "
+                             "output's size)")
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
             raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
     if layers[0]["inputs"]:
@@ -151,6 +155,7 @@ def _layer(raw: dict[str, Any]) -> Layer:
                  param_bytes=int(raw["param_bytes"]), fwd_ms=float(raw["fwd_ms"]),
                  bwd_ms=float(raw["bwd_ms"]), bwd_reads=fs,
                  saved_extra_bytes=int(raw.get("saved_extra_bytes", 0)), workspace=ws,
+                 grad_bytes=int(raw["grad_bytes"]) if "grad_bytes" in raw else None,
                  extra=extra)
 
 
@@ -205,6 +210,8 @@ def to_dict(trace: Trace) -> dict[str, Any]:
         }
         if layer.saved_extra_bytes:
             raw["saved_extra_bytes"] = layer.saved_extra_bytes
+        if layer.grad_bytes is not None:
+            raw["grad_bytes"] = layer.grad_bytes
         if layer.workspace:
             raw["workspace"] = []
             for w in layer.workspace:

@@ -53,7 +53,15 @@ class Layer:
     bwd_reads: frozenset[str]
     saved_extra_bytes: int = 0
     workspace: tuple[Workspace, ...] = ()
+    # bytes of G_i when less than the output's: a tuple whose elements do not all
+    # receive a gradient (nn.MultiheadAttention's unused weights); None = output_bytes
+    grad_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes of ``G_i``: the output's, or ``grad_bytes`` where the trace gives it."""
+        return self.output_bytes if self.grad_bytes is None else self.grad_bytes
 
     @property
     def reads_inputs(self) -> bool:
