@@ -87,3 +87,17 @@ def test_field_round_trips_and_is_checked():
     doc["layers"][2]["workspace"][0]["bwd_released"] = -1
     with pytest.raises(SnsimError, match="bwd_released"):
         from_dict(doc, "bad.json")
+
+
+def test_superneurons_takes_liveness_when_only_the_hand_over_fits():
+    """At 800 B, liveness fits (730 B, B2 handing X1, X2, S2 over) but the cache's
+    step-by-step check, which cannot count on the hand-over, sees B2 needing its
+    whole 250 B workspace; superneurons keeps liveness's plan (pure compute)."""
+    from snsim import policies
+
+    g = Graph(_trace())
+    s = policies.plan("superneurons", PlanContext(g, 800))
+    assert s.stats["plan"] == "liveness" and s.stats["evictions"] == 0
+    r = simulate(g, s)
+    assert r.feasible and r.peak_bytes == 730
+    assert s.ops == plan_liveness(PlanContext(g)).ops

@@ -42,8 +42,10 @@ from snsim.policies import layers
 from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
+from snsim.policies.liveness import plan_liveness
 from snsim.policies.recompute import segment_modes
 from snsim.policies.utp import checkpoint_cache
+from snsim.schedule import ledger
 from snsim.schedule.ops import Schedule
 
 CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
@@ -85,6 +87,14 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
         if reason is None and kind == "cache-only" and stats["evictions"] == 0:
             best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
             break
+        if kind == "cache-only":
+            live = plan_liveness(PlanContext(g)).ops
+            if ledger.planned_peak(g, live, cap)[1] is None:
+                # liveness fits once its backward steps hand their dying reads to
+                # autograd (bwd_released), which the cache's step-by-step check
+                # cannot count on: pure compute
+                best = _Plan(0.0, "liveness", live, {"evictions": 0}, None)
+                break
         ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
         if best is None or ms < best.ms:   # the first infeasible one if none fits
             best = _Plan(ms, kind, ops, stats, reason)
