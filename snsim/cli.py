@@ -110,7 +110,7 @@ def cmd_simulate(args) -> int:
         if out:
             check_writable(out)  # fail before the work, not after it
     show = not args.no_progress and sys.stderr.isatty()
-    graph = _load(args.trace, args.device, progress=show)
+    graph = _with_training(_load(args.trace, args.device, progress=show), args)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
@@ -139,10 +139,24 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _with_training(graph, args):
+    """``graph`` with simulate's ``--optimizer``/``--grads`` applied to its trace."""
+    if args.optimizer is None and args.grads is None:
+        return graph
+    from snsim.graph import Graph
+    from snsim.training import override
+
+    trace = graph.trace
+    return Graph(trace.with_training(override(trace.training, args.optimizer, args.grads)))
+
+
 def cmd_info(args) -> int:
+    from snsim.breakdown import breakdown_lines
     from snsim.report import trace_summary
 
-    print(printable_lines(trace_summary(_load(args.trace))))
+    graph = _with_training(_load(args.trace), args)
+    print(printable_lines(trace_summary(graph)))
+    print(printable_lines(breakdown_lines(graph)))
     return 0
 
 
@@ -217,6 +231,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _add_training(p) -> None:
+    from snsim.training import GRADS, OPTIMIZERS
+
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="override the trace's optimizer (its state is static memory; the "
+                   "iteration ends with its step); default: the trace's (none recorded: no "
+                   "optimizer step, as sgd without a training record)")
+    p.add_argument("--grads", choices=GRADS,
+                   help="parameter gradients resident throughout, or set-to-none: born in "
+                   "backward, kept to the optimizer step; default: the trace's (resident)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from snsim import __version__
 
@@ -244,10 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "terminal)")
     p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
                    help="solver time limit of policy optimal, seconds (default: %(default)g)")
+    _add_training(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")
     p.add_argument("trace", help="trace file (snsim.trace/1 JSON)")
+    _add_training(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("schedule", help="print the explicit schedule a policy plans")

@@ -13,6 +13,7 @@ import pkgutil
 from typing import Callable
 
 from snsim.errors import PolicyError
+from snsim.schedule.ops import Compute
 from snsim.policies.base import (FEATURES, PlanContext, Planner, PolicyInfo, no_cyclic_gc,
                                  trace_features)
 
@@ -75,6 +76,8 @@ def plan(name: str, ctx: PlanContext):
     """Plan ``ctx`` with policy ``name`` and return its schedule.
 
     :class:`PolicyError` (one line) if the trace lacks a feature the policy needs.
+    Where the trace has an optimizer step, it is appended to the planner's ops:
+    planners plan the route (forward and backward) and never place it.
     """
     info = get(name)
     missing = info.needs - trace_features(ctx.graph)
@@ -82,7 +85,14 @@ def plan(name: str, ctx: PlanContext):
         raise PolicyError(f"policy {name} needs a trace with a backward pass, and "
                           f"{ctx.graph.trace.label} is forward-only (its source says so)")
     with no_cyclic_gc():
-        return info.planner(ctx)
+        schedule = info.planner(ctx)
+    step = ctx.graph.optimizer_step
+    ops = schedule.ops
+    # the optimizer step ends every plan (DESIGN 3a); a planner that returns another
+    # planner's plan (optimal's heuristics) already has it
+    if step is not None and not (ops and ops[-1] == Compute(step[0], step[1])):
+        ops.append(Compute(step[0], step[1]))
+    return schedule
 
 
 __all__ = ["register", "names", "get", "plan", "PlanContext", "PolicyInfo"]

@@ -257,6 +257,7 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
         h2d_bytes=run.h2d_bytes, d2h_bytes=run.d2h_bytes,
         samples_per_s=(trace.batch / (iteration_ms / 1e3)
                        if feasible and iteration_ms > 0 else 0.0),
-        reason=reason, forward_end_ms=run.forward_end_ms,
+        reason=reason, optimizer_state_bytes=trace.optimizer_state_bytes,
+        optimizer_ms=graph.optimizer_ms, forward_end_ms=run.forward_end_ms,
         policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
         intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)))
