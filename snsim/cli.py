@@ -141,13 +141,14 @@ def cmd_simulate(args) -> int:
 
 def _with_training(graph, args):
     """``graph`` with simulate's ``--optimizer``/``--grads`` applied to its trace."""
-    if args.optimizer is None and args.grads is None:
+    optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
+    if optimizer is None and grads is None:
         return graph
     from snsim.graph import Graph
     from snsim.training import override
 
     trace = graph.trace
-    return Graph(trace.with_training(override(trace.training, args.optimizer, args.grads)))
+    return Graph(trace.with_training(override(trace.training, optimizer, grads)))
 
 
 def cmd_info(args) -> int:

@@ -259,7 +259,9 @@ class Graph:
             released = self.bwd_released(step, algo)
             if released is not None:
                 reads = sum(self.size(t) for t in self.needs_map[step])
-                best = min(best, reads + released)
+                # the measured peak holds gradients born in the step, which the lower
+                # bound counts on its own (set-to-none)
+                best = min(best, reads + released - self.param_grad_bytes(step))
         return best
 
     @cached_property

@@ -142,3 +142,24 @@ def test_override_drops_the_other_optimizers_measurements():
         step_transient_bytes=5)
     assert override(None, None, None) is None
     assert parse(None) is None
+
+
+def test_simulate_and_info_take_the_training_overrides(capsys, tmp_path):
+    from snsim.cli import main
+    from snsim.trace.io import save
+
+    path = tmp_path / "fc1.json"
+    save(fc1(), path)
+    assert main(["simulate", str(path), "--policy", "liveness", "--optimizer", "adam",
+                 "--grads", "set-to-none", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["peak_bytes"], got["static_bytes"], got["optimizer_state_bytes"]) == \
+        (5000, 3000, 2000)
+    assert got["lower_bound_bytes"] == 5000 and got["optimizer_ms"] > 0
+    assert main(["info", str(path), "--optimizer", "momentum"]) == 0
+    out = capsys.readouterr().out
+    # momentum resident: static 1000 + 1000 + 1000; liveness peaks at B2 (124 B of tensors)
+    assert "peak (liveness) 3.05 KiB at B2" in out
+    for line in ("weights", "gradients", "optimizer state"):
+        assert f"{line}" in out and "(1000 B)" in out
+    assert "activations" in out and "(124 B)" in out

@@ -220,10 +220,12 @@ def _device(device: str | None, preset: str | None) -> torch.device:
 def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = None,
             device: str | None = None, device_model: str | None = None, repeats: int = 10,
             warmup: int = 3, progress: bool = False,
-            input_dtype: str | None = None) -> dict[str, Any]:
+            input_dtype: str | None = None, training=None) -> dict[str, Any]:
     """Profile model ``spec`` and return a validated ``snsim.trace/1`` document.
 
     ``batch`` may be None when the model function returns an example batch.
+    ``training`` (a :class:`snsim.training.Training`) adds the trace's training
+    record, its optimizer step measured (or, modeled, counted) on the model.
     """
     if batch is not None and batch < 1:
         raise SnsimError(f"--batch must be at least 1, got {batch}")
@@ -293,6 +295,10 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         from snsim.profile import executor_measures
 
         del captured
+        if training is not None and training.set_to_none:
+            # the executor measures each step's transients with the gradients born in
+            # backward, as the trace will say (the optimizer step is measured below)
+            doc["training"] = {"optimizer": "none", "grads": training.grads}
         if dev.type == "cpu":
             torch.set_num_threads(1)
         try:
@@ -301,6 +307,15 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         finally:
             torch.set_num_threads(threads)
         doc = executor_measures.with_measurements(doc, found, steps, dev, warmup, repeats)
+    if training is not None:
+        from snsim.profile.optimstep import training_record
+
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            doc["training"] = training_record(ms.model, dev, training, warmup, repeats)
+        finally:
+            torch.set_num_threads(threads)
     _validate(doc, f"<profile of {spec}>")
     return doc
 

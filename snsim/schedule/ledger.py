@@ -12,7 +12,8 @@ that names the op), and returns one :data:`Effect` per op:
   backward step's parameter gradients when they are born in backward,
   ``set-to-none``, which stay to the iteration's end);
 * ``workspace_bytes``: a compute step's transient workspace, held only for
-  its duration (the optimizer step's temporaries; for a backward step that hands its dying reads to autograd,
+  its duration (the optimizer step's temporaries; for a backward step that
+  hands its dying reads to autograd,
   :func:`hands_over`, what makes ``alloc + workspace`` its measured peak above
   the level before it, which may be negative);
 * ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
@@ -250,7 +251,8 @@ def workspace(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> 
     op = ops[k]
     step = (op.phase, op.layer)
     if op.phase == "B" and hands_over(graph, ops, k, host):
-        return graph.bwd_released(step, op.algo) - nbytes
+        # the measured peak holds the step's gradients born in backward (set-to-none)
+        return graph.bwd_released(step, op.algo) - nbytes - graph.param_grad_bytes(step)
     return graph.workspace_bytes(step, op.algo)
 
 

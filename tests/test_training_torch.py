@@ -1,0 +1,82 @@
+"""Training state against real PyTorch: torch.optim's state, the profiled step,
+and a whole step (forward, backward, optimizer step) predicted vs measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from snsim.cli import main  # noqa: E402
+from snsim.execute import optim  # noqa: E402
+from snsim.training import Training, state_bytes  # noqa: E402
+from snsim.validation.run import Case, Session, validate_case  # noqa: E402
+
+SESSION = Session()
+
+
+def _toy():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("name, amsgrad", [("sgd", False), ("momentum", False),
+                                           ("adam", False), ("adamw", True)])
+def test_state_bytes_rule_is_torch_optims(name, amsgrad):
+    model = _toy()
+    params = list(model.parameters())
+    opt = optim.make(Training(optimizer=name, amsgrad=amsgrad), params)
+    before = [p.detach().clone() for p in params]
+    optim.initialize(opt)
+    param_bytes = sum(p.numel() * 4 for p in params)   # 30 + 5 + 15 + 3 = 53 floats
+    assert param_bytes == 212
+    assert optim.state_bytes(opt) == state_bytes(name, param_bytes, amsgrad, len(params))
+    # initializing leaves parameters and gradients as they were
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+    assert all(p.grad is None for p in params)
+
+
+def test_optimizer_none_has_no_optimizer():
+    assert optim.make(Training(optimizer="none"), _toy().parameters()) is None
+    assert optim.make(None, _toy().parameters()) is None
+
+
+@pytest.mark.parametrize("optimizer, grads", [("adam", "resident"), ("momentum", "set-to-none"),
+                                              ("adamw", "set-to-none")])
+def test_whole_step_predicted_within_one_percent(optimizer, grads):
+    out = validate_case(Case("toymodels:residual", 4, "liveness", repeats=1, warmup=0,
+                             optimizer=optimizer, grads=grads), SESSION)
+    assert out.max_grad_abs_diff <= 1e-5
+    assert out.optimizer_state_bytes > 0
+    assert abs(out.plain_peak_error) <= 0.01, out.to_dict()
+    assert abs(out.peak_error) <= 0.01, out.to_dict()
+
+
+def test_profile_records_the_measured_step(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    assert main(["profile", "--model", "toymodels:concat", "--batch", "2", "--optimizer",
+                 "adam", "--amsgrad", "--repeats", "1", "--warmup", "0", "--out",
+                 str(path)]) == 0
+    rec = json.loads(path.read_text())["training"]
+    model, _ = __import__("toymodels").concat()
+    params = [p for p in model.parameters() if p.requires_grad]
+    pbytes = sum(p.numel() * p.element_size() for p in params)
+    assert rec["optimizer"] == "adam" and rec["amsgrad"] is True
+    assert rec["param_tensors"] == len(params)
+    assert rec["state_bytes"] == 3 * pbytes + 4 * len(params)
+    assert rec["step_ms"] > 0 and rec["step_transient_bytes"] >= 0
+    capsys.readouterr()
+    assert main(["simulate", str(path), "--policy", "liveness", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["optimizer_state_bytes"] == rec["state_bytes"]
+    assert got["optimizer_ms"] == rec["step_ms"]
+    assert got["static_bytes"] == 2 * pbytes + rec["state_bytes"]
+
+
+def test_amsgrad_needs_adam(capsys):
+    assert main(["profile", "--model", "toymodels:concat", "--batch", "2", "--amsgrad",
+                 "--out", "/tmp/never-written.json"]) == 2
+    err = capsys.readouterr().err
+    assert "--amsgrad needs --optimizer adam or adamw" in err and err.count("\n") == 1
