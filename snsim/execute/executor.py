@@ -60,6 +60,7 @@ from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import dying_reads, effects, hands_over
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
+from snsim.torchgraph import amp
 from snsim.torchgraph.program import Program
 
 
@@ -190,6 +191,7 @@ class Executor:
         self.optimizer = optim.make(graph.training, program.param_list) \
             if graph.optimizer_step is not None else None
         optim.initialize(self.optimizer)
+        self.amp = amp.of(graph.training)
         if self.cuda:
             self.d2h = torch.cuda.Stream(device)
             self.h2d = torch.cuda.Stream(device)
@@ -213,6 +215,9 @@ class Executor:
                 p.grad = torch.zeros_like(p)
         self.static_ptrs = {_ptr(t) for t in list(self.p.model.parameters())
                             + list(self.p.model.buffers()) if t.numel()}
+
+    def autocast(self):
+        return amp.autocast(self.amp, self.device)
 
     def state_bytes(self) -> int:
         """Bytes of the optimizer's state (static, created before any step)."""
@@ -302,7 +307,8 @@ class Executor:
         elif i in self.recomputed:
             self.rng[i] = self._rng_state()
         try:
-            self._run_layer(i)
+            with self.autocast():   # the trace's mixed precision, forward only
+                self._run_layer(i)
         finally:
             if recompute:
                 self._leave_recompute(i, state, buffers)

@@ -11,7 +11,7 @@ import sys
 
 from snsim.errors import SnsimError, require_torch
 from snsim.fileio import check_writable
-from snsim.training import GRADS, OPTIMIZERS, Training
+from snsim.training import AMPS, GRADS, OPTIMIZERS, Training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grads", choices=GRADS,
                         help="record the gradient lifetime: resident (default) or "
                              "set-to-none (born in backward, kept to the optimizer step)")
+    parser.add_argument("--amp", choices=AMPS,
+                        help="profile under torch.autocast (bf16 or fp16; measured mode "
+                             "only): activations in the dtypes autocast makes, its weight "
+                             "casts counted; default: off (no record)")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
     parser.add_argument("--no-progress", action="store_true",
                         help="hide the progress bar (it is off anyway when stderr is not a "
@@ -123,12 +127,15 @@ def run(args: argparse.Namespace) -> int:
                              f"be combined with --device {args.device} (measured mode)")
     training = None
     optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
-    amsgrad = getattr(args, "amsgrad", False)
-    if optimizer is not None or grads is not None or amsgrad:
+    amsgrad, amp = getattr(args, "amsgrad", False), getattr(args, "amp", None)
+    if optimizer is not None or grads is not None or amsgrad or amp is not None:
         if amsgrad and optimizer not in ("adam", "adamw"):
             raise SnsimError("--amsgrad needs --optimizer adam or adamw")
+        if amp not in (None, "off") and args.device_model is not None:
+            raise SnsimError(f"--amp {amp} is profiled under torch.autocast on a real device; "
+                             "modeled traces (--device-model) have no mixed precision yet")
         training = Training(optimizer=optimizer or "sgd", amsgrad=amsgrad,
-                            grads=grads or "resident")
+                            grads=grads or "resident", amp=amp or "off")
     check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler

@@ -28,6 +28,7 @@ from snsim import __version__
 from snsim.errors import SnsimError
 from snsim.fileio import write_atomic
 from snsim.torchgraph import capture as cap
+from snsim.torchgraph.amp import autocast
 from snsim import devices
 from snsim.profile import zoo
 from snsim.trace import SCHEMA, from_dict
@@ -248,7 +249,9 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
                 bar.phase("capture", total)
             else:
                 bar.step()
-        captured = cap.capture(ms.model, example, on_node)
+        amp = "off" if training is None else training.amp
+        with autocast(amp, dev):   # activations in the dtypes autocast really makes
+            captured = cap.capture(ms.model, example, on_node)
         if preset is not None:
             from snsim.profile import modeled
             bar.phase("model", len(captured.layers))
@@ -261,7 +264,7 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
             clock = measure.Clock(dev)
             bar.phase("time", (warmup + repeats) * (len(captured.layers) - 1))
             step_fn = measure.training_step(ms.model, example, captured.layers[-1].op.fn)
-            with _cudnn_heuristic(dev):
+            with _cudnn_heuristic(dev), autocast(amp, dev):
                 times, step = measure.time_layers([la.op for la in captured.layers], clock,
                                                   warmup, repeats, step_fn, bar.step)
             bar.close()
@@ -295,10 +298,11 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         from snsim.profile import executor_measures
 
         del captured
-        if training is not None and training.set_to_none:
+        if training is not None and (training.set_to_none or amp != "off"):
             # the executor measures each step's transients with the gradients born in
-            # backward, as the trace will say (the optimizer step is measured below)
-            doc["training"] = {"optimizer": "none", "grads": training.grads}
+            # backward and under autocast, as the trace will say (the optimizer step
+            # is measured below)
+            doc["training"] = {"optimizer": "none", "grads": training.grads, "amp": amp}
         if dev.type == "cpu":
             torch.set_num_threads(1)
         try:

@@ -27,15 +27,17 @@ class Case:
     warmup: int = 2
     optimizer: str | None = None   # None: no training record (no optimizer step)
     grads: str | None = None       # None: resident
+    amp: str | None = None         # None: off
 
     @property
     def training(self):
         """The training record profiled for this case (None: none asked)."""
-        if self.optimizer is None and self.grads is None:
+        if self.optimizer is None and self.grads is None and self.amp is None:
             return None
         from snsim.training import Training
 
-        return Training(optimizer=self.optimizer or "sgd", grads=self.grads or "resident")
+        return Training(optimizer=self.optimizer or "sgd", grads=self.grads or "resident",
+                        amp=self.amp or "off")
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Outcome:
     plain_peak_error: float = 0.0
     optimizer: str | None = None
     grads: str | None = None
+    amp: str | None = None
     optimizer_state_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,7 +209,8 @@ def validate_case(case: Case, session: Session | None = None,
             ex.step(batch)
             grads = [p.grad.detach().clone() for p in program.param_list]
             torch.manual_seed(1)
-            ref_loss = program.loss(reference(example))
+            with ex.autocast():
+                ref_loss = program.loss(reference(example))
             ref_loss.backward()
             names = [n for n, p in ms.model.named_parameters() if p.requires_grad]
             ref = [p.grad for p in reference.parameters() if p.requires_grad]
@@ -240,7 +244,7 @@ def validate_case(case: Case, session: Session | None = None,
         step_ms_samples=samples, reason=pred.reason, worst_grad_param=worst,
         liveness_predicted_peak_bytes=live.peak_bytes, plain_peak_bytes=plain,
         plain_peak_error=_rel(plain, live.peak_bytes), optimizer=case.optimizer,
-        grads=case.grads, optimizer_state_bytes=trace.optimizer_state_bytes)
+        grads=case.grads, amp=case.amp, optimizer_state_bytes=trace.optimizer_state_bytes)
 
 
 def liveness_prediction(graph):
@@ -264,18 +268,28 @@ def plain_autograd_peak(program, example, device, training=None) -> int:
     """Peak bytes of a plain PyTorch step (the model, its loss, ``loss.backward()``), with
     every parameter's ``.grad`` allocated (as ``zero_grad(set_to_none=False)`` leaves it).
 
-    With a ``training`` record, the whole training step: then ``optimizer.step()``
+    With a ``training`` record, the whole training step, the forward and loss under
+    its ``torch.autocast`` (amp) if any: then ``optimizer.step()``
     of the real ``torch.optim`` optimizer, its state initialized before the step;
     with ``set-to-none`` gradients no ``.grad`` exists when the step starts (as
     ``zero_grad()`` leaves them), so backward makes them."""
     import torch
 
     from snsim.execute import optim
-    from snsim.execute.baselines import autograd_step
     from snsim.execute.memory import measure_peak
 
-    step = autograd_step(program, example.cpu())
+    from snsim.torchgraph import amp
+
+    batch = example.cpu()
     params = program.param_list
+    region = amp.of(training)
+
+    def step() -> None:
+        x = batch.to(params[0].device if params else device, copy=True)
+        with amp.autocast(region, device):   # forward and loss; backward outside
+            loss = program.reference_loss(x)
+        loss.backward()
+
     opt = optim.make(training, params)
     optim.initialize(opt)
     born = training is not None and training.set_to_none
