@@ -102,6 +102,8 @@ def cmd_simulate(args) -> int:
         from snsim import policies
 
         policies.get(args.policy)  # an unknown policy is refused before the trace is read
+    if args.offload_optimizer:
+        _check_offload(args.policy)
     check_outputs([("trace", args.trace)],
                   [("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     if args.timeline:
@@ -139,16 +141,32 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _check_offload(policy: str) -> None:
+    """``--offload-optimizer`` is an option of the swapping policies only."""
+    from snsim import policies
+
+    takes = [n for n in policies.names() if "offload_optimizer" in policies.get(n).options]
+    if policy == "all" or "offload_optimizer" not in policies.get(policy).options:
+        raise SnsimError(f"--offload-optimizer is an option of the swapping policies "
+                         f"({', '.join(takes)}), not of {policy}")
+
+
 def _with_training(graph, args):
-    """``graph`` with simulate's ``--optimizer``/``--grads`` applied to its trace."""
+    """``graph`` with simulate's ``--optimizer``/``--grads``/``--offload-optimizer``
+    applied to its trace."""
     optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
-    if optimizer is None and grads is None:
+    offload = getattr(args, "offload_optimizer", False)
+    if optimizer is None and grads is None and not offload:
         return graph
     from snsim.graph import Graph
     from snsim.training import override
 
     trace = graph.trace
-    return Graph(trace.with_training(override(trace.training, optimizer, grads)))
+    t = override(trace.training, optimizer, grads, offload)
+    if offload and not t.has_step:
+        raise SnsimError(f"--offload-optimizer: {trace.label} records no optimizer with a "
+                         "step; add --optimizer")
+    return Graph(trace.with_training(t))
 
 
 def cmd_info(args) -> int:
@@ -272,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
                    help="solver time limit of policy optimal, seconds (default: %(default)g)")
     _add_training(p)
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="ZeRO-Offload: the optimizer state lives on the host and the step runs "
+                   "there (gradients copied down, parameters back); swapping policies only")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")

@@ -138,6 +138,8 @@ class Graph:
         t = self.training
         if t is None or not t.has_step:
             return 0.0
+        if t.offload:
+            return self.host_step_ms
         if t.step_ms is not None:
             return float(t.step_ms)
         key = self.trace.source.get("device_model")
@@ -146,11 +148,31 @@ class Graph:
         return training_state.modeled_step_ms(t.optimizer, self.trace.param_bytes, bw,
                                               t.amsgrad)
 
+    @property
+    def host_step_ms(self) -> float:
+        """The offloaded step (ZeRO-Offload): gradients to the host, the step there
+        (measured when the trace was measured on a CPU, else bytes moved at
+        ``training.DEFAULT_STEP_Bps``), parameters back; one after the other."""
+        t, trace = self.training, self.trace
+        p = trace.param_bytes
+        if t.step_ms is not None and trace.source.get("device") == "cpu":
+            host = float(t.step_ms)
+        else:
+            host = training_state.modeled_step_ms(t.optimizer, p,
+                                                  training_state.DEFAULT_STEP_Bps, t.amsgrad)
+        return host + 1e3 * p / trace.device.d2h_Bps + 1e3 * p / trace.device.h2d_Bps
+
+    @property
+    def optimizer_copy_bytes(self) -> int:
+        """Bytes the offloaded step copies each way (gradients down, parameters up)."""
+        t = self.training
+        return self.trace.param_bytes if t is not None and t.has_step and t.offload else 0
+
     @cached_property
     def optimizer_transient_bytes(self) -> int:
         """The optimizer step's temporaries: measured, or modeled for ``foreach``."""
         t = self.training
-        if t is None or not t.has_step:
+        if t is None or not t.has_step or t.offload:   # offloaded: temporaries on the host
             return 0
         if t.step_transient_bytes is not None:
             return t.step_transient_bytes

@@ -37,7 +37,7 @@ MOVED = {"none": 0, "sgd": 3, "momentum": 5, "adam": 9, "adamw": 9}
 # round figure for one CPU core's streaming bandwidth (the step is not measured)
 DEFAULT_STEP_Bps = 10e9
 KEYS = {"optimizer", "amsgrad", "grads", "amp", "state_bytes", "step_ms",
-        "step_transient_bytes", "param_tensors"}
+        "step_transient_bytes", "param_tensors", "offload"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,7 @@ class Training:
     step_ms: float | None = None
     step_transient_bytes: int | None = None
     param_tensors: int | None = None
+    offload: bool = False     # state and step on the host (ZeRO-Offload)
 
     @property
     def has_step(self) -> bool:
@@ -61,7 +62,10 @@ class Training:
         return self.grads == "set-to-none"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if not self.offload:
+            del d["offload"]
+        return d
 
 
 def state_bytes(optimizer: str, param_bytes: int, amsgrad: bool = False,
@@ -114,17 +118,19 @@ def parse(raw: Any, label: str = "<trace>") -> Training | None:
     ms = t.step_ms
     if ms is not None and (type(ms) not in (int, float) or not 0 <= ms < float("inf")):
         raise TraceError(f"{label}: field training.step_ms: must be a finite number >= 0")
-    if type(t.amsgrad) is not bool:
-        raise TraceError(f"{label}: field training.amsgrad: must be true or false")
+    for name in ("amsgrad", "offload"):
+        if type(getattr(t, name)) is not bool:
+            raise TraceError(f"{label}: field training.{name}: must be true or false")
     return t
 
 
 def override(current: Training | None, optimizer: str | None = None,
-             grads: str | None = None) -> Training | None:
+             grads: str | None = None, offload: bool = False) -> Training | None:
     """``current`` with the optimizer and/or gradient lifetime replaced (simulate's
-    ``--optimizer``/``--grads``).  Measured figures of another optimizer are
-    dropped, so they are modeled again."""
-    if optimizer is None and grads is None:
+    ``--optimizer``/``--grads``), and with ``offload`` its state and step moved
+    to the host.  Measured figures of another optimizer are dropped, so they
+    are modeled again."""
+    if optimizer is None and grads is None and not offload:
         return current
     t = current or Training()
     if optimizer is not None and optimizer != t.optimizer:
@@ -132,4 +138,6 @@ def override(current: Training | None, optimizer: str | None = None,
                                 step_transient_bytes=None)
     if grads is not None:
         t = dataclasses.replace(t, grads=grads)
+    if offload:
+        t = dataclasses.replace(t, offload=True)
     return t

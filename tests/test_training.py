@@ -163,3 +163,36 @@ def test_simulate_and_info_take_the_training_overrides(capsys, tmp_path):
     for line in ("weights", "gradients", "optimizer state"):
         assert f"{line}" in out and "(1000 B)" in out
     assert "activations" in out and "(124 B)" in out
+
+
+def test_offloaded_optimizer_state_and_step_are_on_the_host():
+    g, s, r = live(fc1(optimizer="adam", offload=True))
+    # static on the device: weights + gradients; the 2000 B of state are on the host
+    assert r.static_bytes == 2000 and r.optimizer_state_bytes == 2000
+    assert ledger.walk(g, s.ops)[-1] == (0, 0, 0)   # no temporaries on the device
+    assert r.peak_bytes == 2124                     # B2, as without an optimizer
+    # the step: 1000 B of gradients down and 1000 B of parameters up at 1e5 B/s
+    # (10 ms each), Adam on the host moving 9000 B at 10 GB/s
+    assert r.optimizer_ms == pytest.approx(20.0 + 9000 / 10e9 * 1e3)
+    assert (r.h2d_bytes, r.d2h_bytes) == (1000, 1000)
+    assert r.lower_bound_bytes == 2000 + 110    # B1: G1 + X0 (X0 is not B2's need)
+
+
+def test_offload_optimizer_is_a_swapping_policys_option(capsys, tmp_path):
+    from snsim.cli import main
+    from snsim.trace.io import save
+
+    path = tmp_path / "fc1.json"
+    save(fc1(), path)
+    assert main(["simulate", str(path), "--policy", "liveness", "--optimizer", "adam",
+                 "--offload-optimizer"]) == 2
+    err = capsys.readouterr().err
+    assert "option of the swapping policies (vdnn-all, vdnn-conv, utp, superneurons)" in err
+    assert err.count("\n") == 1
+    assert main(["simulate", str(path), "--policy", "utp", "--offload-optimizer"]) == 2
+    assert "records no optimizer with a step; add --optimizer" in capsys.readouterr().err
+    assert main(["simulate", str(path), "--policy", "utp", "--optimizer", "adam",
+                 "--offload-optimizer", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["static_bytes"], got["optimizer_state_bytes"], got["h2d_bytes"]) == \
+        (2000, 2000, 1000)

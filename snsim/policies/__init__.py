@@ -14,8 +14,8 @@ from typing import Callable
 
 from snsim.errors import PolicyError
 from snsim.schedule.ops import Compute
-from snsim.policies.base import (FEATURES, PlanContext, Planner, PolicyInfo, no_cyclic_gc,
-                                 trace_features)
+from snsim.policies.base import (FEATURES, OPTIONS, PlanContext, Planner, PolicyInfo,
+                                 no_cyclic_gc, trace_features)
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
@@ -23,23 +23,29 @@ _INTERNAL = {"base", "cache", "finishing", "layers", "replay", "sequences"}  # h
 
 
 def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = (),
-             reference: bool = False) -> Callable[[Planner], Planner]:
+             reference: bool = False, options: tuple[str, ...] = ()
+             ) -> Callable[[Planner], Planner]:
     """Class or function decorator: make ``planner`` available as policy ``name``.
 
     ``needs`` names the trace features (:data:`base.FEATURES`) it cannot plan
     without; :func:`plan` refuses a trace that lacks one, in one line.
     ``reference``: an expensive reference planner, planned only by name
     (not listed by :func:`names`, so not in ``--policy all`` or sweeps).
+    ``options``: the plan options (:data:`base.OPTIONS`) the policy accepts
+    beyond the common ones; the CLI refuses one for a policy without it.
     """
     unknown = set(needs) - set(FEATURES)
     if unknown:
         raise ValueError(f"policy {name!r} needs unknown features {sorted(unknown)}")
+    if set(options) - set(OPTIONS):
+        raise ValueError(f"policy {name!r} accepts unknown options {sorted(options)}")
 
     def deco(planner: Planner) -> Planner:
         if name in _REGISTRY and _REGISTRY[name].planner is not planner:
             raise ValueError(f"policy {name!r} registered twice")
         _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order,
-                                     needs=frozenset(needs), reference=reference)
+                                     needs=frozenset(needs), reference=reference,
+                                     options=frozenset(options))
         return planner
 
     return deco

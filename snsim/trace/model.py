@@ -121,12 +121,14 @@ class Trace:
     @property
     def static_bytes(self) -> int:
         """Weights, weight gradients (unless born in backward: ``set-to-none``) and
-        the optimizer's state, resident for the whole iteration."""
+        the optimizer's state (unless offloaded to the host), resident for the
+        whole iteration."""
         t = self.training
         if t is None:
             return 2 * self.param_bytes
         grads = 0 if t.set_to_none else self.param_bytes
-        return self.param_bytes + grads + self.optimizer_state_bytes
+        state = 0 if t.offload else self.optimizer_state_bytes   # offloaded: on the host
+        return self.param_bytes + grads + state
 
     def with_training(self, t: training_state.Training | None) -> "Trace":
         """This trace with ``training`` replaced (None removes it)."""
