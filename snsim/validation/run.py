@@ -284,21 +284,19 @@ def plain_autograd_peak(program, example, device, training=None) -> int:
     params = program.param_list
     region = amp.of(training)
 
-    def step() -> None:
-        x = batch.to(params[0].device if params else device, copy=True)
-        with amp.autocast(region, device):   # forward and loss; backward outside
-            loss = program.reference_loss(x)
-        loss.backward()
-
     opt = optim.make(training, params)
     optim.initialize(opt)
     born = training is not None and training.set_to_none
 
     def once() -> None:
+        # a user's loop: the batch (and the loss) stay alive through optimizer.step()
         if not born:
             for p in params:
                 p.grad = torch.zeros_like(p)
-        step()
+        x = batch.to(params[0].device if params else device, copy=True)
+        with amp.autocast(region, device):   # forward and loss; backward outside
+            loss = program.reference_loss(x)
+        loss.backward()
         if opt is not None:
             opt.step()
 
