@@ -196,3 +196,27 @@ def test_offload_optimizer_is_a_swapping_policys_option(capsys, tmp_path):
     got = json.loads(capsys.readouterr().out)
     assert (got["static_bytes"], got["optimizer_state_bytes"], got["h2d_bytes"]) == \
         (2000, 2000, 1000)
+
+
+def test_measured_hand_over_peak_holds_the_born_gradient_once():
+    """B1 hands its dying read X0 to autograd; its measured peak above the level
+    before it (bwd_released, 1050 B) was measured with set-to-none, so it holds
+    W1's 1000 B: the ledger counts W1 as B1's allocation and only 50 B on top."""
+    from snsim.trace.model import Workspace
+
+    # without the hand-over, B1 would need 5000 B of workspace
+    ws = (Workspace("measured", 0, 2.0, 2.0, bwd_bytes=5000, bwd_released=1050),)
+    t = make([L(0, "data", [], 100),
+              L(1, "fc", [0], 10, params=1000, fwd=1.0, bwd=2.0, reads=["inputs"], ws=ws),
+              L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"])], "fc1m")
+    g, s, r = live(t.with_training(Training(optimizer="sgd", grads="set-to-none",
+                                            step_ms=0.0)))
+    b1 = s.ops.index(Compute("B", 1))
+    assert ledger.hands_over(g, s.ops, b1)
+    assert ledger.walk(g, s.ops)[b1] == (1000, 50, 0)
+    # before B1: 1000 weights + G1 10 + X0 100 = 1110; B1 peaks at 1110 + 1050
+    assert r.peak_bytes == 2160
+    # B1's least need: reads 110 + 1050 - its born 1000 = 160 (not 110 + 5000),
+    # plus the 1000 born: the born gradient is counted once
+    assert g.least_step_bytes(("B", 1)) == 160
+    assert r.lower_bound_bytes == 1000 + 1000 + 160
