@@ -109,3 +109,19 @@ def test_amp_on_a_modeled_trace_is_refused(capsys):
                  "--device-model", "a100", "--out", "/tmp/never-written.json"]) == 2
     err = capsys.readouterr().err
     assert "modeled traces (--device-model) have no mixed precision yet" in err
+
+
+def test_modeled_trace_records_the_optimizer_and_models_its_step(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    assert main(["profile", "--model", "toymodels:concat", "--batch", "2", "--device-model",
+                 "a100", "--optimizer", "momentum", "--out", str(path)]) == 0
+    rec = json.loads(path.read_text())["training"]
+    assert set(rec) == {"optimizer", "amsgrad", "grads", "amp", "param_tensors"}
+    model, _ = __import__("toymodels").concat()
+    pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    capsys.readouterr()
+    assert main(["simulate", str(path), "--policy", "liveness", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["optimizer_state_bytes"] == pbytes          # one momentum buffer
+    # 5 bytes moved per parameter byte over the A100's 2,039 GB/s
+    assert got["optimizer_ms"] == pytest.approx(5 * pbytes / 2039e9 * 1e3)
