@@ -102,6 +102,8 @@ def cmd_simulate(args) -> int:
         from snsim import policies
 
         policies.get(args.policy)  # an unknown policy is refused before the trace is read
+    if args.offload_optimizer:
+        _check_offload(args.policy)
     check_outputs([("trace", args.trace)],
                   [("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     if args.timeline:
@@ -110,7 +112,7 @@ def cmd_simulate(args) -> int:
         if out:
             check_writable(out)  # fail before the work, not after it
     show = not args.no_progress and sys.stderr.isatty()
-    graph = _load(args.trace, args.device, progress=show)
+    graph = _with_training(_load(args.trace, args.device, progress=show), args)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
@@ -139,10 +141,41 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _check_offload(policy: str) -> None:
+    """``--offload-optimizer`` is an option of the swapping policies only."""
+    from snsim import policies
+
+    takes = [n for n in policies.names() if "offload_optimizer" in policies.get(n).options]
+    if policy == "all" or "offload_optimizer" not in policies.get(policy).options:
+        raise SnsimError(f"--offload-optimizer is an option of the swapping policies "
+                         f"({', '.join(takes)}), not of {policy}")
+
+
+def _with_training(graph, args):
+    """``graph`` with simulate's ``--optimizer``/``--grads``/``--offload-optimizer``
+    applied to its trace."""
+    optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
+    offload = getattr(args, "offload_optimizer", False)
+    if optimizer is None and grads is None and not offload:
+        return graph
+    from snsim.graph import Graph
+    from snsim.training import override
+
+    trace = graph.trace
+    t = override(trace.training, optimizer, grads, offload)
+    if offload and not t.has_step:
+        raise SnsimError(f"--offload-optimizer: {trace.label} records no optimizer with a "
+                         "step; add --optimizer")
+    return Graph(trace.with_training(t))
+
+
 def cmd_info(args) -> int:
+    from snsim.breakdown import breakdown_lines
     from snsim.report import trace_summary
 
-    print(printable_lines(trace_summary(_load(args.trace))))
+    graph = _with_training(_load(args.trace), args)
+    print(printable_lines(trace_summary(graph)))
+    print(printable_lines(breakdown_lines(graph)))
     return 0
 
 
@@ -217,6 +250,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _add_training(p) -> None:
+    from snsim.training import GRADS, OPTIMIZERS
+
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="override the trace's optimizer (its state is static memory; the "
+                   "iteration ends with its step); default: the trace's (none recorded: no "
+                   "optimizer step, as sgd without a training record)")
+    p.add_argument("--grads", choices=GRADS,
+                   help="parameter gradients resident throughout, or set-to-none: born in "
+                   "backward, kept to the optimizer step; default: the trace's (resident)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from snsim import __version__
 
@@ -244,10 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "terminal)")
     p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
                    help="solver time limit of policy optimal, seconds (default: %(default)g)")
+    _add_training(p)
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="ZeRO-Offload: the optimizer state lives on the host and the step runs "
+                   "there (gradients copied down, parameters back); swapping policies only")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="summarize a trace")
     p.add_argument("trace", help="trace file (snsim.trace/1 JSON)")
+    _add_training(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("schedule", help="print the explicit schedule a policy plans")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from snsim import devices
+from snsim import training as training_state
 from snsim.trace.model import Trace
 
 Tensor = tuple[str, int]
@@ -79,6 +81,14 @@ class Graph:
         self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
         for i in range(n):
             self._build_steps(i)
+        # Training state (DESIGN 3a): the optimizer step ("O", n) follows the route
+        # (``route`` stays the planners' forward and backward steps; ``plan`` appends
+        # it to every schedule); it reads weights, gradients and state (static, or
+        # born in backward: not tensors a schedule moves) and holds its temporaries
+        # as workspace.
+        self.training = t = trace.training
+        self.grads_born = bool(t is not None and t.set_to_none)
+        self.optimizer_step: Step | None = ("O", n) if t is not None and t.has_step else None
 
     # ------------------------------------------------------------------ steps
     def _build_steps(self, i: int) -> None:
@@ -114,6 +124,60 @@ class Graph:
         """Tensors ``step`` creates (a recompute re-creates the forward's)."""
         return self.allocs_map[step]
 
+    def param_grad_bytes(self, step: Step) -> int:
+        """Parameter-gradient bytes ``step`` allocates: with ``set-to-none``
+        gradients, a backward step makes its layer's (kept to the iteration's end)."""
+        if self.grads_born and step[0] == "B":
+            return self.layers[step[1]].param_bytes
+        return 0
+
+    @cached_property
+    def optimizer_ms(self) -> float:
+        """The optimizer step's time: measured, or bytes moved over the device's
+        memory bandwidth (the trace's preset; else ``training.DEFAULT_STEP_Bps``)."""
+        t = self.training
+        if t is None or not t.has_step:
+            return 0.0
+        if t.offload:
+            return self.host_step_ms
+        if t.step_ms is not None:
+            return float(t.step_ms)
+        key = self.trace.source.get("device_model")
+        bw = devices.PRESETS[key].mem_Bps if key in devices.PRESETS \
+            else training_state.DEFAULT_STEP_Bps
+        return training_state.modeled_step_ms(t.optimizer, self.trace.param_bytes, bw,
+                                              t.amsgrad)
+
+    @property
+    def host_step_ms(self) -> float:
+        """The offloaded step (ZeRO-Offload): gradients to the host, the step there
+        (measured when the trace was measured on a CPU, else bytes moved at
+        ``training.DEFAULT_STEP_Bps``), parameters back; one after the other."""
+        t, trace = self.training, self.trace
+        p = trace.param_bytes
+        if t.step_ms is not None and trace.source.get("device") == "cpu":
+            host = float(t.step_ms)
+        else:
+            host = training_state.modeled_step_ms(t.optimizer, p,
+                                                  training_state.DEFAULT_STEP_Bps, t.amsgrad)
+        return host + 1e3 * p / trace.device.d2h_Bps + 1e3 * p / trace.device.h2d_Bps
+
+    @property
+    def optimizer_copy_bytes(self) -> int:
+        """Bytes the offloaded step copies each way (gradients down, parameters up)."""
+        t = self.training
+        return self.trace.param_bytes if t is not None and t.has_step and t.offload else 0
+
+    @cached_property
+    def optimizer_transient_bytes(self) -> int:
+        """The optimizer step's temporaries: measured, or modeled for ``foreach``."""
+        t = self.training
+        if t is None or not t.has_step or t.offload:   # offloaded: temporaries on the host
+            return 0
+        if t.step_transient_bytes is not None:
+            return t.step_transient_bytes
+        return training_state.modeled_transient_bytes(t.optimizer, self.trace.param_bytes)
+
     def size(self, t: Tensor) -> int:
         layer = self.layers[t[1]]
         kind = t[0]
@@ -122,6 +186,8 @@ class Graph:
         return layer.gradient_bytes if kind == "G" else layer.output_bytes
 
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:
+        if step[0] == "O":
+            return self.optimizer_transient_bytes
         ws = self.layers[step[1]].workspace
         if not ws:
             return 0
@@ -129,6 +195,8 @@ class Graph:
         return w.backward_bytes if step[0] == "B" else w.fwd_bytes
 
     def min_workspace_bytes(self, step: Step) -> int:
+        if step[0] == "O":
+            return self.optimizer_transient_bytes
         ws = self.layers[step[1]].workspace
         if not ws:
             return 0
@@ -157,6 +225,8 @@ class Graph:
 
     def step_ms(self, step: Step, algo: int = 0) -> float:
         """Duration of a step; algorithm ``algo`` of the layer's workspace list."""
+        if step[0] == "O":
+            return self.optimizer_ms
         layer = self.layers[step[1]]
         if layer.workspace and algo:
             w = layer.workspace[algo]
@@ -182,19 +252,29 @@ class Graph:
 
     @cached_property
     def compute_ms(self) -> float:
-        """Pure compute time of the route with each layer's first algorithm."""
-        return sum(self.step_ms(s) for s in self.route)
+        """Pure compute time of the route with each layer's first algorithm, and the
+        optimizer step's."""
+        return sum(self.step_ms(s) for s in self.route) + self.optimizer_ms
 
     @cached_property
     def lower_bound_bytes(self) -> int:
         """Static + the largest single step's own need (DESIGN section 2).
 
         A backward step with a measured hand-over peak needs at least what it
-        reads plus that peak (DESIGN, "Dying reads")."""
-        return self.trace.static_bytes + max(self.least_step_bytes(s) for s in self.route)
+        reads plus that peak (DESIGN, "Dying reads").  Parameter gradients born in
+        backward (``set-to-none``) are resident from their step on, in every
+        schedule, so each step also needs those made up to and including it."""
+        born = 0
+        best = 0
+        for s in self.route + ([self.optimizer_step] if self.optimizer_step else []):
+            born += self.param_grad_bytes(s)
+            best = max(best, born + self.least_step_bytes(s))
+        return self.trace.static_bytes + best
 
     def least_step_bytes(self, step: Step) -> int:
         """The smallest level ``step`` itself can run at, over its workspace entries."""
+        if step[0] == "O":
+            return self.optimizer_transient_bytes
         ws = self.layers[step[1]].workspace
         plain = self.step_bytes(step)
         if not ws:
@@ -204,7 +284,9 @@ class Graph:
             released = self.bwd_released(step, algo)
             if released is not None:
                 reads = sum(self.size(t) for t in self.needs_map[step])
-                best = min(best, reads + released)
+                # the measured peak holds gradients born in the step, which the lower
+                # bound counts on its own (set-to-none)
+                best = min(best, reads + released - self.param_grad_bytes(step))
         return best
 
     @cached_property

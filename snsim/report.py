@@ -55,7 +55,8 @@ def single_table(r: SimResult) -> str:
         ("feasible", "yes" if r.feasible else f"NO: {r.reason}"),
         ("peak memory", f"{fmt_bytes(r.peak_bytes)}  ({r.peak_bytes} B, "
                         f"{r.peak_bytes / r.lower_bound_bytes:.3f} x lower bound)"),
-        ("static (weights+grads)", fmt_bytes(r.static_bytes)),
+        ("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
+         else "static (+optimizer)", fmt_bytes(r.static_bytes)),
         ("lower bound", fmt_bytes(r.lower_bound_bytes)),
         ("iteration", (fmt_ms(r.iteration_ms)
                        + (f"  ({r.iteration_ms / r.compute_ms:.3f} x compute)"
@@ -66,6 +67,9 @@ def single_table(r: SimResult) -> str:
         ("host->device", fmt_bytes(r.h2d_bytes)), ("device->host", fmt_bytes(r.d2h_bytes)),
         ("samples/s", f"{r.samples_per_s:.2f}"),
     ]
+    if r.optimizer_state_bytes or r.optimizer_ms:   # a trace with a training record
+        lines[6:6] = [("optimizer state", fmt_bytes(r.optimizer_state_bytes)),
+                      ("optimizer step", fmt_ms(r.optimizer_ms))]
     lines += [(k, str(v)) for k, v in r.policy_stats.items()]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)

@@ -36,7 +36,11 @@ def test_shipped_trace_numbers_unchanged(trace):
     got = record(ROOT / "traces" / trace, keys=set(want))
     assert set(got) == set(want)
     for key in sorted(want):
-        assert _flat(got[key]) == _flat(want[key]), key
+        flat, recorded = _flat(got[key]), _flat(want[key])
+        # keys added after the recording (the training state's) are checked for the
+        # meaning a trace without a training record has: no state, no step
+        assert (flat.pop("optimizer_state_bytes"), flat.pop("optimizer_ms")) == (0, 0.0), key
+        assert flat == recorded, key
 
 
 def test_planner_statistics_are_nested():

@@ -32,6 +32,16 @@ def _suite(**over):
     return "".join(parts.values())
 
 
+def test_training_keys_are_read_and_checked(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text(_suite(case=CASE + 'optimizer = "adamw"\ngrads = "set-to-none"\namp = "bf16"\n'))
+    c = load_suite(p).cases[0]
+    assert (c.optimizer, c.grads, c.amp) == ("adamw", "set-to-none", "bf16")
+    p.write_text(_suite(case=CASE + 'optimizer = "lamb"\n'))
+    with pytest.raises(Exception, match="optimizer must be one of none, sgd, momentum"):
+        load_suite(p)
+
+
 BAD = [
     (_suite(suite='[suite]\nrepeats = "abc"\n'), "[suite] repeats must be an integer"),
     (_suite(suite="[suite]\nrepeats = -3\n"), "[suite] repeats must be an integer of at least 1"),

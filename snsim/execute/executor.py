@@ -55,10 +55,12 @@ import torch
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
+from snsim.execute import optim
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import dying_reads, effects, hands_over
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
+from snsim.torchgraph import amp
 from snsim.torchgraph.program import Program
 
 
@@ -184,6 +186,12 @@ class Executor:
         self.recomputed = {op.layer for op in schedule.ops
                            if op.action == COMPUTE and op.phase == "R"}
         self.static_ptrs: set[int] = set()
+        # the trace's optimizer, its state created before any step (DESIGN 3a): run
+        # at the schedule's optimizer step
+        self.optimizer = optim.make(graph.training, program.param_list) \
+            if graph.optimizer_step is not None else None
+        optim.initialize(self.optimizer)
+        self.amp = amp.of(graph.training)
         if self.cuda:
             self.d2h = torch.cuda.Stream(device)
             self.h2d = torch.cuda.Stream(device)
@@ -201,10 +209,19 @@ class Executor:
         ``prepare(fresh=True)`` after it.
         """
         for p in self.p.param_list:
-            if p.grad is None or fresh:
+            if self.g.grads_born:   # set-to-none: each backward makes its gradients
+                p.grad = None
+            elif p.grad is None or fresh:
                 p.grad = torch.zeros_like(p)
         self.static_ptrs = {_ptr(t) for t in list(self.p.model.parameters())
                             + list(self.p.model.buffers()) if t.numel()}
+
+    def autocast(self):
+        return amp.autocast(self.amp, self.device)
+
+    def state_bytes(self) -> int:
+        """Bytes of the optimizer's state (static, created before any step)."""
+        return optim.state_bytes(self.optimizer)
 
     def release(self) -> None:
         """Drop the gradient buffers (see :meth:`prepare`)."""
@@ -258,6 +275,8 @@ class Executor:
             if act == COMPUTE:
                 if op.phase == "B":
                     self._backward(op.layer, k)
+                elif op.phase == "O":
+                    self.optimizer.step()
                 else:
                     self._forward(op.layer, op.phase == "R")
             elif act == RELEASE:
@@ -288,7 +307,8 @@ class Executor:
         elif i in self.recomputed:
             self.rng[i] = self._rng_state()
         try:
-            self._run_layer(i)
+            with self.autocast():   # the trace's mixed precision, forward only
+                self._run_layer(i)
         finally:
             if recompute:
                 self._leave_recompute(i, state, buffers)
@@ -566,6 +586,7 @@ class Executor:
             ev.result()
 
     def close(self) -> None:
+        self.optimizer = None   # its state goes with it
         if not self.cuda:
             self.h2d_pool.shutdown()
             self.d2h_pool.shutdown()

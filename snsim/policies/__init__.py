@@ -13,8 +13,9 @@ import pkgutil
 from typing import Callable
 
 from snsim.errors import PolicyError
-from snsim.policies.base import (FEATURES, PlanContext, Planner, PolicyInfo, no_cyclic_gc,
-                                 trace_features)
+from snsim.schedule.ops import Compute
+from snsim.policies.base import (FEATURES, OPTIONS, PlanContext, Planner, PolicyInfo,
+                                 no_cyclic_gc, trace_features)
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
@@ -22,23 +23,29 @@ _INTERNAL = {"base", "cache", "finishing", "layers", "replay", "sequences"}  # h
 
 
 def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = (),
-             reference: bool = False) -> Callable[[Planner], Planner]:
+             reference: bool = False, options: tuple[str, ...] = ()
+             ) -> Callable[[Planner], Planner]:
     """Class or function decorator: make ``planner`` available as policy ``name``.
 
     ``needs`` names the trace features (:data:`base.FEATURES`) it cannot plan
     without; :func:`plan` refuses a trace that lacks one, in one line.
     ``reference``: an expensive reference planner, planned only by name
     (not listed by :func:`names`, so not in ``--policy all`` or sweeps).
+    ``options``: the plan options (:data:`base.OPTIONS`) the policy accepts
+    beyond the common ones; the CLI refuses one for a policy without it.
     """
     unknown = set(needs) - set(FEATURES)
     if unknown:
         raise ValueError(f"policy {name!r} needs unknown features {sorted(unknown)}")
+    if set(options) - set(OPTIONS):
+        raise ValueError(f"policy {name!r} accepts unknown options {sorted(options)}")
 
     def deco(planner: Planner) -> Planner:
         if name in _REGISTRY and _REGISTRY[name].planner is not planner:
             raise ValueError(f"policy {name!r} registered twice")
         _REGISTRY[name] = PolicyInfo(name=name, summary=summary, planner=planner, order=order,
-                                     needs=frozenset(needs), reference=reference)
+                                     needs=frozenset(needs), reference=reference,
+                                     options=frozenset(options))
         return planner
 
     return deco
@@ -75,6 +82,8 @@ def plan(name: str, ctx: PlanContext):
     """Plan ``ctx`` with policy ``name`` and return its schedule.
 
     :class:`PolicyError` (one line) if the trace lacks a feature the policy needs.
+    Where the trace has an optimizer step, it is appended to the planner's ops:
+    planners plan the route (forward and backward) and never place it.
     """
     info = get(name)
     missing = info.needs - trace_features(ctx.graph)
@@ -82,7 +91,14 @@ def plan(name: str, ctx: PlanContext):
         raise PolicyError(f"policy {name} needs a trace with a backward pass, and "
                           f"{ctx.graph.trace.label} is forward-only (its source says so)")
     with no_cyclic_gc():
-        return info.planner(ctx)
+        schedule = info.planner(ctx)
+    step = ctx.graph.optimizer_step
+    ops = schedule.ops
+    # the optimizer step ends every plan (DESIGN 3a); a planner that returns another
+    # planner's plan (optimal's heuristics) already has it
+    if step is not None and not (ops and ops[-1] == Compute(step[0], step[1])):
+        ops.append(Compute(step[0], step[1]))
+    return schedule
 
 
 __all__ = ["register", "names", "get", "plan", "PlanContext", "PolicyInfo"]

@@ -40,6 +40,11 @@ Planner = Callable[[PlanContext], Schedule]
 #   does not: a policy that offloads or recomputes *for backward* cannot plan it.
 FEATURES = ("backward",)
 
+# Options a policy may accept (register(..., options=...)):
+#   "offload_optimizer": the optimizer's state lives on the host and its step
+#   runs there (ZeRO-Offload); the swapping policies accept it (DESIGN 3a).
+OPTIONS = ("offload_optimizer",)
+
 
 def trace_features(graph: Graph) -> frozenset[str]:
     """The :data:`FEATURES` that ``graph``'s trace has."""
@@ -57,6 +62,7 @@ class PolicyInfo:
     order: int = 100
     needs: frozenset[str] = frozenset()   # trace features it cannot plan without
     reference: bool = False   # an expensive reference (optimal): not among names() / "all"
+    options: frozenset[str] = frozenset()   # plan options it accepts (OPTIONS)
 
 
 @contextlib.contextmanager

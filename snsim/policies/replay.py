@@ -76,7 +76,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             if level + nb + ws > capacity and not fit(nb + ws):
                 return math.inf
             level += nb
-            if op.algo:
+            if op.algo or op.phase == "O":
                 now += graph.step_ms(op.step, op.algo)
             else:
                 layer = layers[op.layer]

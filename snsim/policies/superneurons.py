@@ -74,7 +74,7 @@ def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
 
 
 @register("superneurons", "liveness + tensor cache + cost-aware recompute + dynamic workspace",
-          order=60, needs=("backward",))
+          order=60, needs=("backward",), options=("offload_optimizer",))
 def plan_superneurons(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     cap = ctx.capacity_bytes

@@ -118,12 +118,12 @@ def plan_vdnn(name: str, ctx: PlanContext, conv_only: bool) -> Schedule:
 
 
 @register("vdnn-all", "vDNN: offload every layer's input, prefetch one layer ahead",
-          order=20, needs=("backward",))
+          order=20, needs=("backward",), options=("offload_optimizer",))
 def plan_vdnn_all(ctx: PlanContext) -> Schedule:
     return plan_vdnn("vdnn-all", ctx, conv_only=False)
 
 
 @register("vdnn-conv", "vDNN: offload conv inputs, prefetch one layer ahead",
-          order=21, needs=("backward",))
+          order=21, needs=("backward",), options=("offload_optimizer",))
 def plan_vdnn_conv(ctx: PlanContext) -> Schedule:
     return plan_vdnn("vdnn-conv", ctx, conv_only=True)

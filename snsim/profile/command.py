@@ -11,6 +11,7 @@ import sys
 
 from snsim.errors import SnsimError, require_torch
 from snsim.fileio import check_writable
+from snsim.training import AMPS, GRADS, OPTIMIZERS, Training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed runs per layer (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed runs before timing (default: %(default)s)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS,
+                        help="record this optimizer (torch.optim defaults; momentum = SGD "
+                             "with 0.9): its state and a measured step end the iteration; "
+                             "default: no record (sgd as before: no state, no step)")
+    parser.add_argument("--amsgrad", action="store_true",
+                        help="Adam/AdamW with amsgrad (a third state buffer)")
+    parser.add_argument("--grads", choices=GRADS,
+                        help="record the gradient lifetime: resident (default) or "
+                             "set-to-none (born in backward, kept to the optimizer step)")
+    parser.add_argument("--amp", choices=AMPS,
+                        help="profile under torch.autocast (bf16 or fp16; measured mode "
+                             "only): activations in the dtypes autocast makes, its weight "
+                             "casts counted; default: off (no record)")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
     parser.add_argument("--no-progress", action="store_true",
                         help="hide the progress bar (it is off anyway when stderr is not a "
@@ -111,6 +125,17 @@ def run(args: argparse.Namespace) -> int:
         if args.device is not None:
             raise SnsimError(f"--device-model {args.device_model} models a device; it cannot "
                              f"be combined with --device {args.device} (measured mode)")
+    training = None
+    optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
+    amsgrad, amp = getattr(args, "amsgrad", False), getattr(args, "amp", None)
+    if optimizer is not None or grads is not None or amsgrad or amp is not None:
+        if amsgrad and optimizer not in ("adam", "adamw"):
+            raise SnsimError("--amsgrad needs --optimizer adam or adamw")
+        if amp not in (None, "off") and args.device_model is not None:
+            raise SnsimError(f"--amp {amp} is profiled under torch.autocast on a real device; "
+                             "modeled traces (--device-model) have no mixed precision yet")
+        training = Training(optimizer=optimizer or "sgd", amsgrad=amsgrad,
+                            grads=grads or "resident", amp=amp or "off")
     check_writable(args.out)
     require_torch("snsim profile")
     from snsim.profile import profiler
@@ -119,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
                            device_model=args.device_model, repeats=args.repeats,
                            warmup=args.warmup,
                            progress=not args.no_progress and sys.stderr.isatty(),
-                           input_dtype=getattr(args, "input_dtype", None))
+                           input_dtype=getattr(args, "input_dtype", None),
+                           training=training)
     profiler.write(doc, args.out)
     src = doc["source"]
     total = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in doc["layers"])

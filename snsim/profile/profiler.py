@@ -28,6 +28,7 @@ from snsim import __version__
 from snsim.errors import SnsimError
 from snsim.fileio import write_atomic
 from snsim.torchgraph import capture as cap
+from snsim.torchgraph.amp import autocast
 from snsim import devices
 from snsim.profile import zoo
 from snsim.trace import SCHEMA, from_dict
@@ -223,10 +224,12 @@ def _device(device: str | None, preset: str | None) -> torch.device:
 def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = None,
             device: str | None = None, device_model: str | None = None, repeats: int = 10,
             warmup: int = 3, progress: bool = False,
-            input_dtype: str | None = None) -> dict[str, Any]:
+            input_dtype: str | None = None, training=None) -> dict[str, Any]:
     """Profile model ``spec`` and return a validated ``snsim.trace/1`` document.
 
     ``batch`` may be None when the model function returns an example batch.
+    ``training`` (a :class:`snsim.training.Training`) adds the trace's training
+    record, its optimizer step measured (or, modeled, counted) on the model.
     """
     if batch is not None and batch < 1:
         raise SnsimError(f"--batch must be at least 1, got {batch}")
@@ -249,7 +252,9 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
                 bar.phase("capture", total)
             else:
                 bar.step()
-        captured = cap.capture(ms.model, example, on_node)
+        amp = "off" if training is None else training.amp
+        with autocast(amp, dev):   # activations in the dtypes autocast really makes
+            captured = cap.capture(ms.model, example, on_node)
         if preset is not None:
             from snsim.profile import modeled
             bar.phase("model", len(captured.layers))
@@ -262,7 +267,7 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
             clock = measure.Clock(dev)
             bar.phase("time", (warmup + repeats) * (len(captured.layers) - 1))
             step_fn = measure.training_step(ms.model, example, captured.layers[-1].op.fn)
-            with _cudnn_heuristic(dev):
+            with _cudnn_heuristic(dev), autocast(amp, dev):
                 times, step = measure.time_layers([la.op for la in captured.layers], clock,
                                                   warmup, repeats, step_fn, bar.step)
             bar.close()
@@ -296,6 +301,11 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         from snsim.profile import executor_measures
 
         del captured
+        if training is not None and (training.set_to_none or amp != "off"):
+            # the executor measures each step's transients with the gradients born in
+            # backward and under autocast, as the trace will say (the optimizer step
+            # is measured below)
+            doc["training"] = {"optimizer": "none", "grads": training.grads, "amp": amp}
         if dev.type == "cpu":
             torch.set_num_threads(1)
         try:
@@ -304,6 +314,15 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         finally:
             torch.set_num_threads(threads)
         doc = executor_measures.with_measurements(doc, found, steps, dev, warmup, repeats)
+    if training is not None:
+        from snsim.profile.optimstep import training_record
+
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            doc["training"] = training_record(ms.model, dev, training, warmup, repeats)
+        finally:
+            torch.set_num_threads(threads)
     _validate(doc, f"<profile of {spec}>")
     return doc
 

@@ -96,7 +96,8 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
         if type(op) is Compute:
             new = [t for t in graph.allocs(op.step) if t not in allocated]
             allocated.update(new)
-            own = sum(graph.size(t) for t in new)
+            # its gradients born in backward (set-to-none) are its own allocations too
+            own = sum(graph.size(t) for t in new) + graph.param_grad_bytes(op.step)
             ws = peak - level - own
             if ws > _NOISE_BYTES:
                 slot = 1 if op.phase == "B" else 0

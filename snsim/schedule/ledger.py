@@ -8,9 +8,12 @@ that names the op), and returns one :data:`Effect` per op:
     (alloc_bytes, workspace_bytes, free_bytes)
 
 * ``alloc_bytes``: the bytes of the tensors the op makes resident (a compute
-  step's outputs that are not already resident, a prefetch's tensor);
+  step's outputs that are not already resident, a prefetch's tensor; a
+  backward step's parameter gradients when they are born in backward,
+  ``set-to-none``, which stay to the iteration's end);
 * ``workspace_bytes``: a compute step's transient workspace, held only for
-  its duration (for a backward step that hands its dying reads to autograd,
+  its duration (the optimizer step's temporaries; for a backward step that
+  hands its dying reads to autograd,
   :func:`hands_over`, what makes ``alloc + workspace`` its measured peak above
   the level before it, which may be negative);
 * ``free_bytes``: the bytes a ``Free`` releases (immediately, or when an
@@ -76,10 +79,23 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     def fail(k: int, msg: str):
         raise ScheduleError(f"schedule of {policy}: op {k} ({ops[k]}): {msg}")
 
+    optimized = None          # op index of the optimizer step, once it ran
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
             step = (op.phase, op.layer)
+            if optimized is not None:
+                fail(k, f"computes after the optimizer step (op {optimized}): the "
+                     "optimizer step ends the iteration")
+            if op.phase == "O":
+                if step != graph.optimizer_step:
+                    fail(k, "no optimizer step in this trace" if graph.optimizer_step is None
+                         else f"the optimizer step is {step_name(graph.optimizer_step)}")
+                if route and pos != n_steps:
+                    fail(k, f"optimizer step before route step {step_name(steps[pos])}")
+                optimized = k
+                append((0, graph.workspace_bytes(step), 0))
+                continue
             if op.phase == "R":
                 if step not in needs_of:
                     fail(k, "unknown step")
@@ -118,7 +134,8 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 elif t[0] != "S":
                     fail(k, f"allocates {tensor_name(t)}, which is already resident")
                 # a resident S (saved extras re-made by a recompute) is overwritten in place
-            append((nbytes, workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
+            append((nbytes + graph.param_grad_bytes(step),
+                    workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -154,6 +171,9 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     if route and pos != n_steps:
         raise ScheduleError(f"schedule of {policy}: ends before route step "
                             f"{step_name(steps[pos])}")
+    if route and graph.optimizer_step is not None and optimized is None:
+        raise ScheduleError(f"schedule of {policy}: ends without the optimizer step "
+                            f"{step_name(graph.optimizer_step)}")
     return out
 
 
@@ -169,12 +189,15 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
         tp = type(op)
         if tp is Compute:
             step = (op.phase, op.layer)
+            if op.phase == "O":
+                append((0, graph.workspace_bytes(step), 0))
+                continue
             nbytes = 0
             for t in allocs_of[step]:
                 if t not in resident:
                     add(t)
                     nbytes += size(t)
-            append((nbytes, workspace(graph, ops, k, nbytes, host)
+            append((nbytes + graph.param_grad_bytes(step), workspace(graph, ops, k, nbytes, host)
                     if layers[op.layer].workspace else 0, 0))
         elif tp is Free:
             discard(op.tensor)
@@ -228,7 +251,8 @@ def workspace(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> 
     op = ops[k]
     step = (op.phase, op.layer)
     if op.phase == "B" and hands_over(graph, ops, k, host):
-        return graph.bwd_released(step, op.algo) - nbytes
+        # the measured peak holds the step's gradients born in backward (set-to-none)
+        return graph.bwd_released(step, op.algo) - nbytes - graph.param_grad_bytes(step)
     return graph.workspace_bytes(step, op.algo)
 
 

@@ -254,9 +254,11 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
         peak_bytes=run.peak, static_bytes=static,
         lower_bound_bytes=graph.lower_bound_bytes, iteration_ms=iteration_ms,
         compute_ms=planned_ms, recompute_ms=run.recompute_ms, stall_ms=run.stall_ms,
-        h2d_bytes=run.h2d_bytes, d2h_bytes=run.d2h_bytes,
+        h2d_bytes=run.h2d_bytes + graph.optimizer_copy_bytes,
+        d2h_bytes=run.d2h_bytes + graph.optimizer_copy_bytes,
         samples_per_s=(trace.batch / (iteration_ms / 1e3)
                        if feasible and iteration_ms > 0 else 0.0),
-        reason=reason, forward_end_ms=run.forward_end_ms,
+        reason=reason, optimizer_state_bytes=trace.optimizer_state_bytes,
+        optimizer_ms=graph.optimizer_ms, forward_end_ms=run.forward_end_ms,
         policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
         intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)))

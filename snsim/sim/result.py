@@ -74,6 +74,8 @@ class SimResult:
     d2h_bytes: int
     samples_per_s: float
     reason: str | None = None
+    optimizer_state_bytes: int = 0
+    optimizer_ms: float = 0.0
     forward_end_ms: float = 0.0
     policy_stats: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[MemoryPoint, ...] = ()
@@ -84,7 +86,8 @@ class SimResult:
         d = {k: getattr(self, k) for k in (
             "policy", "trace", "budget_bytes", "feasible", "peak_bytes", "static_bytes",
             "lower_bound_bytes", "iteration_ms", "compute_ms", "recompute_ms", "stall_ms",
-            "h2d_bytes", "d2h_bytes", "samples_per_s")}
+            "h2d_bytes", "d2h_bytes", "samples_per_s", "optimizer_state_bytes",
+            "optimizer_ms")}
         if not self.feasible:
             # a run that stopped part-way has no iteration time and no peak: what
             # it reached before stopping is kept under its own name, not as a number

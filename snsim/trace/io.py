@@ -22,6 +22,7 @@ from typing import Any
 from snsim.errors import TraceError
 from snsim.fileio import write_json
 from snsim.trace.fastcheck import Unsupported, compile_schema
+from snsim.training import parse as parse_training
 from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace
 
 _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
@@ -163,6 +164,7 @@ def from_dict(doc: Any, label: str = "<trace>") -> Trace:
     """Validate a parsed trace document and build a :class:`Trace`."""
     _schema_check(doc, label)
     _semantic_check(doc, label)
+    parse_training(doc.get("training"), label)   # refused at load, in one line
     dev = doc.get("device")
     device = DEFAULT_DEVICE if dev is None else Device(
         name=str(dev.get("name", "unnamed")), memory_bytes=int(dev["memory_bytes"]),

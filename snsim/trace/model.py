@@ -7,8 +7,11 @@ is bytes per second.  Optional fields the loader does not know are kept in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from snsim import training as training_state
 
 SCHEMA = "snsim.trace/1"
 
@@ -107,9 +110,40 @@ class Trace:
         return sum(layer.param_bytes for layer in self.layers)
 
     @property
+    def training(self) -> training_state.Training | None:
+        """The optional ``training`` object (None: no optimizer, gradients resident)."""
+        raw = self.extra.get("training")
+        return None if raw is None else training_state.parse(raw, self.label)
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """The optimizer's state (0 without a ``training`` object)."""
+        t = self.training
+        if t is None:
+            return 0
+        if t.state_bytes is not None:
+            return t.state_bytes
+        return training_state.state_bytes(t.optimizer, self.param_bytes, t.amsgrad,
+                                          t.param_tensors or 0)
+
+    @property
     def static_bytes(self) -> int:
-        """Weights and weight gradients, resident for the whole iteration."""
-        return 2 * self.param_bytes
+        """Weights, weight gradients (unless born in backward: ``set-to-none``) and
+        the optimizer's state (unless offloaded to the host), resident for the
+        whole iteration."""
+        t = self.training
+        if t is None:
+            return 2 * self.param_bytes
+        grads = 0 if t.set_to_none else self.param_bytes
+        state = 0 if t.offload else self.optimizer_state_bytes   # offloaded: on the host
+        return self.param_bytes + grads + state
+
+    def with_training(self, t: training_state.Training | None) -> "Trace":
+        """This trace with ``training`` replaced (None removes it)."""
+        extra = {k: v for k, v in self.extra.items() if k != "training"}
+        if t is not None:
+            extra["training"] = t.to_dict()
+        return dataclasses.replace(self, extra=extra)
 
     @property
     def label(self) -> str:

@@ -12,6 +12,7 @@ import json
 import sys
 
 from snsim.errors import SnsimError, require_torch
+from snsim.training import AMPS, GRADS, OPTIMIZERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", action="store_true",
                         help="also measure plain autograd, torch.utils.checkpoint (sqrt n) "
                              "and save_on_cpu (GPU only)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS,
+                        help="profile with this optimizer and run its real torch.optim step "
+                             "(in the executor and in plain PyTorch); default: none recorded")
+    parser.add_argument("--grads", choices=GRADS,
+                        help="gradient lifetime: resident (default) or set-to-none")
+    parser.add_argument("--amp", choices=AMPS,
+                        help="profile and run under torch.autocast (bf16, fp16); default off")
     parser.add_argument("--json", action="store_true", help="print exactly the JSON result")
     parser.add_argument("--suite", metavar="SUITE.toml", help="run a validation suite")
     parser.add_argument("--no-progress", action="store_true",
@@ -112,9 +120,15 @@ def run(args: argparse.Namespace) -> int:
     from snsim.profile.command import parse_shape
     from snsim.validation.run import Case, Session, validate_case
 
+    optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
+    amp = getattr(args, "amp", None)
+    if args.trace and (optimizer or grads or amp):
+        raise SnsimError("--optimizer/--grads/--amp profile the model with that training state; "
+                         "with --trace the trace's own training record is used: drop one")
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
-                device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup)
+                device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup,
+                optimizer=optimizer, grads=grads, amp=amp)
     warning = check_case(case, args.trace)  # before any model is profiled
     session = Session(progress=not args.json and not args.no_progress and sys.stderr.isatty())
     out = validate_case(case, session, args.trace)
@@ -141,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"  step time    predicted {out.predicted_step_ms:9.2f} ms  measured "
           f"{out.measured_step_ms:9.2f} ms  error {out.time_error:+.1%}")
     print(f"  gradients    max |executor - autograd| = {out.max_grad_abs_diff:.3g}")
+    if out.optimizer or out.grads or out.amp:
+        print(f"  training     optimizer {out.optimizer or 'sgd'} (state "
+              f"{fmt_bytes(out.optimizer_state_bytes)}), gradients {out.grads or 'resident'}, "
+              f"amp {out.amp or 'off'}: whole step, optimizer step included")
     print(f"  plain PyTorch: liveness predicts {fmt_bytes(out.liveness_predicted_peak_bytes):>12}"
           f"  autograd measured {fmt_bytes(out.plain_peak_bytes):>12}  error "
           f"{out.plain_peak_error:+.1%}")

@@ -25,6 +25,19 @@ class Case:
     device: str = "cpu"
     repeats: int = 5
     warmup: int = 2
+    optimizer: str | None = None   # None: no training record (no optimizer step)
+    grads: str | None = None       # None: resident
+    amp: str | None = None         # None: off
+
+    @property
+    def training(self):
+        """The training record profiled for this case (None: none asked)."""
+        if self.optimizer is None and self.grads is None and self.amp is None:
+            return None
+        from snsim.training import Training
+
+        return Training(optimizer=self.optimizer or "sgd", grads=self.grads or "resident",
+                        amp=self.amp or "off")
 
 
 @dataclass
@@ -55,6 +68,10 @@ class Outcome:
     liveness_predicted_peak_bytes: int = 0
     plain_peak_bytes: int = 0
     plain_peak_error: float = 0.0
+    optimizer: str | None = None
+    grads: str | None = None
+    amp: str | None = None
+    optimizer_state_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -96,13 +113,14 @@ class Session:
 
         if trace_path is not None:
             return load(trace_path)
-        key = (case.model, case.batch, case.input_shape, case.device)
+        key = (case.model, case.batch, case.input_shape, case.device, case.training)
         if key not in self.traces:
             from snsim.profile import profiler
 
             doc = profiler.profile(case.model, case.batch, case.input_shape,
                                    device=case.device, repeats=max(case.repeats, 3),
-                                   warmup=case.warmup, progress=self.progress)
+                                   warmup=case.warmup, progress=self.progress,
+                                   training=case.training)
             self.traces[key] = from_dict(doc, f"<profile of {case.model}>")
         return self.traces[key]
 
@@ -191,13 +209,14 @@ def validate_case(case: Case, session: Session | None = None,
             ex.step(batch)
             grads = [p.grad.detach().clone() for p in program.param_list]
             torch.manual_seed(1)
-            ref_loss = program.loss(reference(example))
+            with ex.autocast():
+                ref_loss = program.loss(reference(example))
             ref_loss.backward()
             names = [n for n, p in ms.model.named_parameters() if p.requires_grad]
             ref = [p.grad for p in reference.parameters() if p.requires_grad]
             diff, worst = grad_difference(names, grads, ref)
             del reference, ref, grads, ref_loss
-            existing = program.existing_bytes()
+            existing = program.existing_bytes() + ex.state_bytes()
 
             def once() -> None:
                 ex.prepare(fresh=True)
@@ -209,7 +228,7 @@ def validate_case(case: Case, session: Session | None = None,
             step_ms, samples = time_ms(lambda: ex.step(batch), dev, case.warmup, case.repeats)
         finally:
             ex.close()
-        plain = plain_autograd_peak(program, example, dev)
+        plain = plain_autograd_peak(program, example, dev, graph.training)
     finally:
         session.phase(None)
         torch.set_num_threads(threads)
@@ -224,7 +243,8 @@ def validate_case(case: Case, session: Session | None = None,
         compute_ms=pred.compute_ms, measured_reserved_bytes=peak.reserved_bytes,
         step_ms_samples=samples, reason=pred.reason, worst_grad_param=worst,
         liveness_predicted_peak_bytes=live.peak_bytes, plain_peak_bytes=plain,
-        plain_peak_error=_rel(plain, live.peak_bytes))
+        plain_peak_error=_rel(plain, live.peak_bytes), optimizer=case.optimizer,
+        grads=case.grads, amp=case.amp, optimizer_state_bytes=trace.optimizer_state_bytes)
 
 
 def liveness_prediction(graph):
@@ -234,36 +254,59 @@ def liveness_prediction(graph):
     freed, since the user's training loop holds it for the whole step."""
     from snsim.graph import X
     from snsim.policies.liveness import liveness_ops
-    from snsim.schedule.ops import RELEASE, Schedule
+    from snsim.schedule.ops import RELEASE, Compute, Schedule
     from snsim.sim import simulate
 
     huge = 1 << 60
     ops = [op for op in liveness_ops(graph) if not (op.action == RELEASE and op.tensor == X(0))]
+    if graph.optimizer_step is not None:   # the user's optimizer.step() ends the step
+        ops.append(Compute(*graph.optimizer_step))
     return simulate(graph, Schedule("liveness", ops, huge), huge, record=False)
 
 
-def plain_autograd_peak(program, example, device) -> int:
+def plain_autograd_peak(program, example, device, training=None) -> int:
     """Peak bytes of a plain PyTorch step (the model, its loss, ``loss.backward()``), with
-    every parameter's ``.grad`` allocated (as ``zero_grad(set_to_none=False)`` leaves it)."""
+    every parameter's ``.grad`` allocated (as ``zero_grad(set_to_none=False)`` leaves it).
+
+    With a ``training`` record, the whole training step, the forward and loss under
+    its ``torch.autocast`` (amp) if any: then ``optimizer.step()``
+    of the real ``torch.optim`` optimizer, its state initialized before the step;
+    with ``set-to-none`` gradients no ``.grad`` exists when the step starts (as
+    ``zero_grad()`` leaves them), so backward makes them."""
     import torch
 
-    from snsim.execute.baselines import autograd_step
+    from snsim.execute import optim
     from snsim.execute.memory import measure_peak
 
-    step = autograd_step(program, example.cpu())
+    from snsim.torchgraph import amp
+
+    batch = example.cpu()
     params = program.param_list
+    region = amp.of(training)
+
+    opt = optim.make(training, params)
+    optim.initialize(opt)
+    born = training is not None and training.set_to_none
 
     def once() -> None:
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        step()
+        # a user's loop: the batch (and the loss) stay alive through optimizer.step()
+        if not born:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        x = batch.to(params[0].device if params else device, copy=True)
+        with amp.autocast(region, device):   # forward and loss; backward outside
+            loss = program.reference_loss(x)
+        loss.backward()
+        if opt is not None:
+            opt.step()
 
     def release() -> None:
         for p in params:
             p.grad = None
 
     once()  # lazy initializations are not the step's
-    return measure_peak(once, device, program.existing_bytes(), release=release).peak_bytes
+    existing = program.existing_bytes() + optim.state_bytes(opt)
+    return measure_peak(once, device, existing, release=release).peak_bytes
 
 
 GRAD_TOLERANCE = 1e-5

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from snsim.errors import SnsimError
+from snsim.training import AMPS, GRADS, OPTIMIZERS
 
 _TOL_KEYS = ("peak_error_median", "peak_error_max", "time_error_median", "time_error_max",
              "grad_abs_max")
 _SUITE_KEYS = {"name", "device", "repeats", "warmup", "baselines"}
-_CASE_KEYS = {"model", "batch", "input_shape", "policies", "budget"}
+_CASE_KEYS = {"model", "batch", "input_shape", "policies", "budget", "optimizer", "grads",
+              "amp"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class SuiteCase:
     policies: tuple[str, ...]
     input_shape: tuple[int, ...] | None = None
     budget: str | None = None
+    optimizer: str | None = None   # a training record (snsim.training): whole step
+    grads: str | None = None
+    amp: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,15 @@ def load_suite(path: str | Path) -> Suite:
         if not isinstance(c["model"], str) or not c["model"]:
             raise SnsimError(f"{p}: {where}: model must be a name")
         batch = _int(p, f"{where}: batch", c["batch"], 1) if "batch" in c else None
+        for key, allowed in (("optimizer", OPTIMIZERS), ("grads", GRADS), ("amp", AMPS)):
+            if key in c and c[key] not in allowed:
+                raise SnsimError(f"{p}: {where}: {key} must be one of {', '.join(allowed)}, "
+                                 f"not {c[key]!r}")
         cases.append(SuiteCase(model=c["model"], batch=batch,
                                policies=tuple(pols),
-                               input_shape=tuple(shape) if shape else None, budget=budget))
+                               input_shape=tuple(shape) if shape else None, budget=budget,
+                               optimizer=c.get("optimizer"), grads=c.get("grads"),
+                               amp=c.get("amp")))
     name = suite.get("name", p.stem)
     device = suite.get("device", "cpu")
     if not isinstance(name, str) or not isinstance(device, str):
@@ -237,7 +248,8 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise SnsimError(f"{out}: exists and is not a folder (the report goes in a folder)")
     cases = [Case(model=c.model, batch=c.batch, policy=pol, input_shape=c.input_shape,
-                  budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup)
+                  budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup,
+                  optimizer=c.optimizer, grads=c.grads, amp=c.amp)
              for c in suite.cases for pol in c.policies]
     _check_cases(suite)  # every policy and budget, before any model is profiled
     _make_report_folder(out)
@@ -246,7 +258,9 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     for case in tqdm(cases, desc="validate", unit="case"):
         o = validate_case(case, session)
         row = o.to_dict()
-        row["label"] = f"{case.model}/{o.policy}"
+        row["label"] = f"{case.model}/{o.policy}" + (
+            f"/{case.optimizer or 'sgd'}/{case.grads or 'resident'}/{case.amp or 'off'}"
+            if case.training else "")
         row["budget"] = case.budget or ""
         rows.append(row)
     if suite.baselines:
