@@ -1,4 +1,4 @@
-"""``snsim`` command line: simulate, info, schedule, policies, profile.
+"""``snsim`` command line: simulate, info, schedule, policies, profile, import.
 
 Every user error is one line on stderr (``snsim: error: ...``) and exit 2;
 ``--json`` output is exactly JSON on stdout.  Files are written whole.
@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_profile(sub)
     _add_validate(sub)
+    from snsim.importers.command import add_arguments as add_import
+
+    add_import(sub)
     return parser
 
 

@@ -100,8 +100,9 @@ class Trace:
 
     @property
     def static_bytes(self) -> int:
-        """Weights and weight gradients, resident for the whole iteration."""
-        return 2 * self.param_bytes
+        """Weights and weight gradients, resident for the whole iteration, and an
+        op log's constants (``constant_bytes``, docs/DESIGN.md "Op-log traces")."""
+        return 2 * self.param_bytes + int(self.extra.get("constant_bytes", 0))
 
     @property
     def label(self) -> str:
