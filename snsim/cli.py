@@ -40,7 +40,8 @@ def _load(path: str, device: str | None = None):
     return Graph(trace)
 
 
-def _run_policies(graph, policy: str, budget: int | None, record: bool):
+def _run_policies(graph, policy: str, budget: int | None, record: bool,
+                  thrash_limit: float = 2.0):
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
@@ -56,7 +57,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool):
             print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, and "
                   f"{graph.trace.label} is forward-only", file=sys.stderr)
         names = [n for n in names if n not in skipped]
-    ctx = PlanContext(graph, budget)
+    ctx = PlanContext(graph, budget, thrash_limit)
     results = []
     for name in names:
         schedule = policies.plan(name, ctx)
@@ -79,7 +80,9 @@ def cmd_simulate(args) -> int:
     graph = _load(args.trace, args.device)
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
-    results = _run_policies(graph, args.policy, budget, record)
+    if not args.thrash_limit > 1.0:
+        raise SnsimError(f"--thrash-limit must be above 1.0, got {args.thrash_limit}")
+    results = _run_policies(graph, args.policy, budget, record, args.thrash_limit)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
     # provenance (it imports numpy for its version) only for the files that carry it
@@ -180,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what-if on another device preset (snsim profile --list-device-models): "
                    "its memory and host link; a modeled trace's step times re-priced from its "
                    "kernels, other traces' kept (a note says so)")
+    p.add_argument("--thrash-limit", type=float, default=2.0, metavar="X",
+                   help="dtr: infeasible once recomputation exceeds (X - 1) x the compute, "
+                   "as simrd (default: %(default)s)")
     p.add_argument("--timeline", metavar="FILE.png", help="plot memory over the iteration")
     p.add_argument("--chrome-trace", metavar="FILE.json",
                    help="write compute and copy streams in Chrome trace format (Perfetto)")

@@ -21,6 +21,8 @@ class PlanContext:
 
     graph: Graph
     budget_bytes: int | None = None
+    # recomputation may add at most (thrash_limit - 1) x the route's compute (dtr; simrd)
+    thrash_limit: float = 2.0
 
     @property
     def capacity_bytes(self) -> int:

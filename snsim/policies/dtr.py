@@ -1,45 +1,49 @@
 """``dtr``: Dynamic Tensor Rematerialization (Kirisame et al., ICLR 2021).
 
-Replays the route under the budget the way DTR's runtime would: liveness
-frees what the route no longer needs; when an allocation does not fit, the
-resident forward result (output and saved extras of one layer) with the
-smallest ``h = cost / (size x staleness)`` is evicted, and a step that needs
-an evicted tensor recomputes it on demand (``R`` steps), through evicted or
-freed inputs back to resident ones; temporaries made only to recompute are
-freed as soon as their last consumer in the chain has run.  ``staleness`` is
-the planned compute time since the tensor was last used.
+Replays the route under the budget the way DTR's runtime does (simrd's
+``RuntimeV2EagerOptimized``, the paper's simulated evaluation):
+
+- *eager eviction*: a tensor leaves the device when the program no longer
+  references it (liveness frees; on an op-log trace its release point,
+  docs/DESIGN.md "Op-log traces"), and it stays part of the evicted
+  neighbourhoods while a recompute may still pass through it;
+- when an allocation does not fit, the resident tensor with the smallest
+  ``h = cost / (size x staleness)`` is evicted, every evictable tensor
+  scored (simrd scans its whole pool; a tensor without bytes is never a
+  candidate, since evicting it frees nothing);
+- a step that needs an evicted tensor recomputes it on demand (``R``
+  steps), through evicted or freed inputs back to resident ones; what a
+  recompute makes stays resident (and evictable), as in simrd; recomputing
+  an op re-makes all its results (the resident ones in place);
+- *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
+  route's compute time the run is infeasible (simrd aborts past 2x).
+
+An op's results (``output_sizes``) and saved extras are separate tensors,
+each evicted on its own, as simrd's storages are; a view (``alias_of``) is
+pinned and evicted with its storage.  ``staleness`` is the planned compute
+time since the tensor was last read or made: a read is stamped before the
+reading step's time, a result after it, as in simrd; a staleness of zero
+scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
-(inputs and consumers: the recomputes this eviction would lengthen).  As in
-DTR's prototype, e* is kept as equivalence classes (union-find over the
-evicted layers, each with its summed forward time): evicting a layer joins
-its evicted neighbours' classes, so scoring a candidate costs its degree, not
-a walk.  The prototype never splits a class, which over-states the cost once
-a member is back; here a class that loses a member (recomputed, or no longer
-needed by the route) is rebuilt into its connected pieces, so the classes
-are exactly the components and the score is the exact one.  Two deliberate
-approximations remain: a layer the route has freed (not evicted) is not in
-any class, although a recompute may have to pass through it, and the
-neighbourhood of a saved-extras-only eviction is that of its inputs.  Every
-cost is finite: nothing is "too costly to evict"; a long chain is just
-expensive, as in the paper.
+(inputs and consumers: both sides).  Evicted neighbourhoods are kept as
+union-find classes over the evicted layers, each with its summed forward
+time, as DTR's prototype does; a class that loses a member (recomputed, or
+no longer needed by the route) is rebuilt into its connected pieces, so the
+classes are exactly the components.  simrd sums the evicted ancestors
+reachable through evicted tensors and, separately, the evicted descendants:
+the component here also holds evicted layers reached by going up and down
+again (a sibling branch), so its cost is at least simrd's; a layer leaves
+the classes once nothing can be recomputed through it any more (simrd keeps
+it).  ``chain`` (default: none) caps a neighbourhood's layers; a candidate
+beyond it has infinite cost.
 
-Victims are chosen from a bounded sample, as DTR's prototype does: each
-eviction scores ``SAMPLE`` evictable forward results drawn uniformly (a
-seeded generator: plans are deterministic) and evicts the smallest score.
-When at most ``SAMPLE`` are evictable they are all scored, so the choice is
-the exact heuristic's (``tests/test_dtr.py`` checks it against a brute-force
-scorer).  An eviction costs ``O(SAMPLE x degree)`` plus the amortized class
-rebuilds, so planning is linear in the route and its recomputes.
-Gradients and the data layer's output are never evicted.  Without a budget
-tighter than the liveness peak nothing is evicted: the plan is liveness.
-
-The eviction score is pluggable (:data:`HEURISTICS`, ``plan_dtr_ops(...,
-heuristic=name)``), as DTR's paper compares several: ``dtr`` (the policy's
-own, cost / (size x staleness)), ``lru`` (1 / staleness), ``size`` (1 /
-size: the largest first) and ``msps`` (cost / size: memory saved per
-second of recompute, no staleness).  The smallest score is evicted.
+``sample`` (default: none, the full scan) scores that many uniformly drawn
+candidates instead (seeded), as DTR's PyTorch prototype does.  A full scan
+costs the number of resident candidates per eviction.  The eviction score
+is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
+``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
 """
 
 from __future__ import annotations
@@ -56,13 +60,8 @@ from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
-
-# Candidates scored per eviction (all of them when fewer are evictable).
-SAMPLE = 32
-# An eviction that would make an evicted neighbourhood of more layers than this
-# is not a candidate (infinite cost): every recompute chain stays this short.
-CHAIN = 16
-
+# simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
+THRASH = 2.0
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
 Heuristic = Callable[[float, int, float], float]
@@ -83,9 +82,10 @@ class Planner:
     """
 
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
-                 sample: int = SAMPLE, chain: int = CHAIN, seed: int = 0):
+                 sample: int | None = None, chain: int | None = None, seed: int = 0,
+                 thrash_limit: float = THRASH):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
-        self.chain = chain
+        self.chain = math.inf if chain is None else chain
         self.level = graph.trace.static_bytes
         self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
         self.pins: dict[Tensor, int] = {}
@@ -95,7 +95,8 @@ class Planner:
         self.pos = 0
         self.reason: str | None = None
         self.evictions = 0
-        self.full_scans = 0
+        self.remat_ms = 0.0
+        self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
         self.pool: list[int] = []          # layers with an evictable tensor resident
         self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
         self.rng = random.Random(seed)
@@ -103,8 +104,20 @@ class Planner:
         self.fwd = [layer.fwd_ms for layer in graph.layers]
         self.consumers = [tuple(c) for c in graph.consumers]
         self.near = [i + c for i, c in zip(self.inputs, self.consumers)]
-        self.x_bytes = [layer.output_bytes for layer in graph.layers]
-        self.s_bytes = [layer.saved_extra_bytes for layer in graph.layers]
+        size = graph.size
+        # per layer, the tensors eviction may take (with bytes; never the data layer's)
+        self.cands: list[tuple[Tensor, ...]] = [()] + [
+            tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
+        self.nbytes = {t: size(t) for ts in self.cands for t in ts}
+        # a view's storage: pinned with the view, and the view goes when it is evicted
+        self.storage: dict[Tensor, tuple[Tensor, ...]] = {}
+        for layer in graph.layers:
+            for j, k in layer.extra.get("alias_of", ()):
+                t = graph.read(j, k)
+                if t is not None:
+                    base = (t,) + self.storage.get(t, ())
+                    self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
+        self.views = graph.views
         # union-find over the evicted layers: root -> members, forward ms
         self.parent: dict[int, int] = {}
         self.members: dict[int, list[int]] = {}
@@ -119,12 +132,18 @@ class Planner:
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
+        pins, storage = self.pins, self.storage
         for t in ts:
-            self.pins[t] = self.pins.get(t, 0) + 1
+            pins[t] = pins.get(t, 0) + 1
+            for b in storage.get(t, ()):
+                pins[b] = pins.get(b, 0) + 1
 
     def unpin(self, ts) -> None:
+        pins, storage = self.pins, self.storage
         for t in ts:
-            self.pins[t] -= 1
+            pins[t] -= 1
+            for b in storage.get(t, ()):
+                pins[b] -= 1
 
     # ------------------------------------------------------------ the pool
     def _add(self, j: int) -> None:
@@ -138,20 +157,6 @@ class Planner:
         if last != j:
             self.pool[k] = last
             self.slot[last] = k
-
-    # -------------------------------------------------------------- scoring
-    def unit(self, j: int) -> list[Tensor] | None:
-        """What evicting layer j's forward result frees (saved extras go with
-        their output: an R step remakes both); None if it cannot go now."""
-        res, pins = self.resident, self.pins
-        x, s = ("X", j), ("S", j)
-        if x in res:
-            if pins.get(x):
-                return None
-            return [x, s] if s in res and not pins.get(s) else [x]
-        if s in res and not pins.get(s):
-            return [s]
-        return None
 
     # ---------------------------------------- evicted neighbourhoods (classes)
     def _find(self, j: int) -> int:
@@ -176,10 +181,6 @@ class Planner:
             self.dirty.discard(rb)
             self.dirty.add(ra)
 
-    def _neighbours(self, j: int) -> list[int]:
-        ev = self.evicted
-        return [k for k in self.inputs[j] + self.consumers[j] if k in ev]
-
     def mark_evicted(self, j: int) -> None:
         """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
         if j in self.evicted:
@@ -191,8 +192,10 @@ class Planner:
         self.parent[j] = j
         self.members[j] = [j]
         self.class_ms[j] = self.fwd[j]
-        for k in self._neighbours(j):
-            self._join(j, k)
+        ev = self.evicted
+        for k in self.near[j]:
+            if k in ev:
+                self._join(j, k)
 
     def unmark_evicted(self, j: int) -> None:
         """X_j is back (recomputed) or no longer needed: its class splits (lazily)."""
@@ -203,21 +206,20 @@ class Planner:
     def _split_dirty(self) -> None:
         # Rebuild each class that lost members into the connected pieces of
         # what is still evicted: the classes are exactly the components.
-        ev, inputs, consumers, fwd = self.evicted, self.inputs, self.consumers, self.fwd
+        ev, near, fwd = self.evicted, self.near, self.fwd
         for root in self.dirty:
             old = self.members.pop(root)
             self.class_ms.pop(root)
             for m in old:
                 self.parent.pop(m, None)
-            left = [m for m in old if m in ev]
-            for m in left:
-                if m in self.parent:
+            for m in old:
+                if m not in ev or m in self.parent:
                     continue
                 self.parent[m] = m
                 comp, stack = [m], [m]
                 while stack:
                     k = stack.pop()
-                    for q in inputs[k] + consumers[k]:
+                    for q in near[k]:
                         if q in ev and q not in self.parent:
                             self.parent[q] = m
                             comp.append(q)
@@ -226,83 +228,66 @@ class Planner:
                 self.class_ms[m] = sum(fwd[q] for q in comp)
         self.dirty.clear()
 
-    def cost(self, j: int, with_consumers: bool = True) -> float:
-        """Forward time of recomputing layer j: its own plus that of every
-        evicted class next to it (through inputs, and consumers if evicting
-        X_j, not only its saved extras); ``inf`` if together they would have
-        more than ``CHAIN`` layers."""
-        if self.dirty:
-            self._split_dirty()
+    def cost(self, j: int, nb) -> float:
+        """Forward time of layer j plus that of every evicted class next to it
+        through ``nb`` (its inputs and consumers, or only its inputs for saved
+        extras); ``inf`` if together they have more than ``chain`` layers."""
         ev = self.evicted
-        near = [k for k in (self.inputs[j] + self.consumers[j] if with_consumers
-                            else self.inputs[j]) if k in ev]
-        if not near:   # the common case: a one-layer recompute
+        if ev.isdisjoint(nb):   # the common case: a one-layer recompute
             return self.fwd[j]
-        roots = {self._find(k) for k in near}
+        roots = {self._find(k) for k in nb if k in ev}
         if 1 + sum(len(self.members[r]) for r in roots) > self.chain:
             return math.inf
         return self.fwd[j] + sum(self.class_ms[r] for r in roots)
 
-    def best(self, candidates) -> list[Tensor] | None:
-        """The unit with the smallest finite score among ``candidates`` (layers).
-
-        :meth:`unit` and :meth:`cost` inlined: this loop is the planner's hot path."""
-        res, pins, ev = self.resident, self.pins, self.evicted
-        xs, ss, fwd, near, ins = self.x_bytes, self.s_bytes, self.fwd, self.near, self.inputs
-        score, clock, limit = self.score, self.clock, self.chain
+    def best(self, candidates) -> Tensor | None:
+        """The evictable tensor of ``candidates`` (layers) with the smallest score
+        (the last seen of equal scores, as simrd's scan; ``inf`` only if nothing
+        scores less).  The planner's hot path."""
+        res, pins, cands, nbytes = self.resident, self.pins, self.cands, self.nbytes
+        near, ins, score, clock = self.near, self.inputs, self.score, self.clock
         if self.dirty:
             self._split_dirty()
-        best, best_h = None, None
+        best, best_h = None, math.inf
         for j in candidates:
-            x = ("X", j)
-            if x in res:
-                if pins.get(x):
+            cost_x = cost_s = None
+            for t in cands[j]:
+                if t not in res or pins.get(t):
                     continue
-                s = ("S", j)
-                unit = [x, s] if s in res and not pins.get(s) else [x]
-                size = xs[j] + (ss[j] if len(unit) == 2 else 0)
-                nb = near[j]
-            else:
-                s = ("S", j)
-                if s not in res or pins.get(s):
-                    continue
-                unit, size, nb = [s], ss[j], ins[j]
-            if size <= 0:
-                continue
-            if ev.isdisjoint(nb):   # the common case: a one-layer recompute
-                cost = fwd[j]
-            else:
-                roots = {self._find(k) for k in nb if k in ev}
-                if 1 + sum(len(self.members[r]) for r in roots) > limit:
-                    continue   # never evicted: its recompute chain would be too long
-                cost = fwd[j] + sum(self.class_ms[r] for r in roots)
-            h = score(cost, size, clock - res[unit[0]] + 1e-3)
-            if best_h is None or h < best_h:
-                best, best_h = unit, h
+                if t[0] == "S":
+                    if cost_s is None:
+                        cost_s = self.cost(j, ins[j])
+                    cost = cost_s
+                else:
+                    if cost_x is None:
+                        cost_x = self.cost(j, near[j])
+                    cost = cost_x
+                stale = clock - res[t]
+                h = score(cost, nbytes[t], stale) if stale > 0 and cost < math.inf \
+                    else math.inf
+                if h <= best_h:
+                    best, best_h = t, h
         return best
 
-    def victim(self) -> list[Tensor] | None:
+    def victim(self) -> Tensor | None:
         pool = self.pool
         n = len(pool)
-        if n <= self.sample:
+        if self.sample is None or n <= self.sample:
             return self.best(list(pool))
         rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
         picked = self.best([pool[int(rnd() * n)] for _ in range(self.sample)])
-        if picked is None:   # none in the sample can go: look at all of them before giving up
-            self.full_scans += 1
-            picked = self.best(list(pool))
-        return picked
+        return picked if picked is not None else self.best(list(pool))
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
-            unit = self.victim()
-            if unit is None:
-                if self.reason is None:
-                    self.reason = "after evicting every evictable tensor, " + replay.shortfall(
-                        self.g, step, self.level + need - self.cap, self.cap)
+            t = self.victim()
+            if t is None:
+                left = sum(1 for j in self.pool for u in self.cands[j] if u in self.resident)
+                self.reason = (f"with {left} resident tensors pinned by the step, "
+                               if left else "after evicting every evictable tensor, ") \
+                    + replay.shortfall(self.g, step, self.level + need - self.cap, self.cap)
                 return
-            for t in unit:
-                self.free(t)
+            self.free(t)
             self.evictions += 1
 
     def free(self, t: Tensor) -> None:
@@ -311,50 +296,63 @@ class Planner:
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
-        if t[0] != "G" and j in self.slot and ("X", j) not in res and ("S", j) not in res:
+        if j in self.slot and not any(u in res for u in self.cands[j]):
             self._drop(j)
-        if t[0] == "X" and j and self.horizon[j] > self.pos:
-            # evicted, or freed while a consumer's output may still be recomputed
-            # through it: part of the evicted neighbourhoods until then
-            self.mark_evicted(j)
+        if t[0] != "S" and t[0] != "G":
+            for v in self.views[j]:   # a view goes with its storage
+                if ("X", v) in res:
+                    self.free(("X", v))
+            if t[0] == "X" and j and self.horizon[j] > self.pos:
+                # evicted, or freed while a consumer's output may still be recomputed
+                # through it: part of the evicted neighbourhoods until then
+                self.mark_evicted(j)
 
     def compute(self, step: Step) -> None:
         """Run a route step, first recomputing what it needs that is missing."""
         needs = self.g.needs(step)
         self.pin(needs)
-        missing = [t[1] for t in needs if t not in self.resident]
+        missing = list(dict.fromkeys(t[1] for t in needs if t not in self.resident))
         if missing:
             self.remat(missing)
-        self._run(step)
-        self.unpin(needs)
+        if self.reason is None:
+            self._run(step)
+        if self.reason is None:   # else planning stops here, pins and all
+            self.unpin(needs)
 
     def _run(self, step: Step) -> None:
         g = self.g
         needs, allocs = g.needs(step), g.allocs(step)
         self.pin(allocs)
-        new = [t for t in allocs if t not in self.resident]
+        res = self.resident
+        new = [t for t in allocs if t not in res]
         self.make_room(sum(g.size(t) for t in new) + g.workspace_bytes(step), step)
+        if self.reason is not None:
+            self.unpin(allocs)
+            return
         self.ops.append(Compute(*step))
-        self.clock += g.step_ms(step)
+        before = self.clock
+        ms = g.step_ms(step)
+        self.clock += ms
+        if step[0] == "R":
+            self.remat_ms += ms
         for t in new:
             self.level += g.size(t)
-            if t[0] != "G" and t[1] != 0:
+            if t in self.nbytes:
                 self._add(t[1])
-                if t[0] == "X":
-                    self.unmark_evicted(t[1])
-        res = self.resident
+            if t[0] == "X":
+                self.unmark_evicted(t[1])
         clock = self.clock
         for t in needs:
-            res[t] = clock
-        for t in new:
+            res[t] = before
+        for t in allocs:
             res[t] = clock
         self.unpin(allocs)
 
     def remat(self, layers: list[int]) -> None:
-        """Recompute ``layers`` and, through inputs that are not resident,
-        their ancestors, in forward order (iteratively: chains can be long).
-        Each recomputed input is pinned until its last consumer in the chain
-        has run, then freed if the route no longer needs it."""
+        """Recompute ``layers`` and, through inputs that are not resident, their
+        ancestors, in forward order (iteratively: chains can be long).  Each
+        recomputed input is pinned until its last consumer in the chain has run;
+        what the chain made stays resident, evictable."""
         g, res = self.g, self.resident
         todo: set[int] = set()
         stack = list(layers)
@@ -363,49 +361,66 @@ class Planner:
             if j in todo:
                 continue
             todo.add(j)
-            stack.extend(x for x in g.layers[j].inputs if ("X", x) not in res)
+            stack.extend(t[1] for t in g.needs(("R", j)) if t not in res)
         order = sorted(todo)
-        chain_in = [tuple(dict.fromkeys(g.layers[j].inputs)) for j in order]
-        users: dict[int, int] = {}
+        chain_in = [g.needs(("R", j)) for j in order]
+        users: dict[Tensor, int] = {}
+        by_layer: dict[int, list[Tensor]] = {}
         for ins in chain_in:
-            for x in ins:
-                users[x] = users.get(x, 0) + 1
-        self.pin([("X", x) for x, k in users.items() if x not in todo for _ in range(k)])
-        last = g.last_use
+            for t in ins:
+                if t not in users:
+                    by_layer.setdefault(t[1], []).append(t)
+                users[t] = users.get(t, 0) + 1
+        self.pin([t for t, k in users.items() if t[1] not in todo for _ in range(k)])
         for j, ins in zip(order, chain_in):
             self._run(("R", j))
-            self.pin([("X", j)] * users.get(j, 0))
-            for u in [("X", x) for x in ins] + [t for t in g.allocs(("R", j)) if t[0] == "S"]:
-                if u[0] == "X":
-                    self.unpin([u])
-                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos:
-                    self.free(u)
+            if self.reason is not None:
+                break
+            self.pin([t for t in by_layer.get(j, ()) for _ in range(users[t])])
+            self.unpin(ins)
+            if self.remat_ms > self.remat_limit_ms:
+                self.reason = (f"thrashing: recomputation {self.remat_ms:.3f} ms exceeds "
+                               f"{self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
+                break
+        else:
+            return
+        # stopped: drop the pins still held (the plan ends here)
+        self.pins.clear()
 
 
-def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr", sample: int = SAMPLE,
-                 chain: int = CHAIN, planner: type[Planner] = Planner
+def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
+                 sample: int | None = None, chain: int | None = None,
+                 planner: type[Planner] = Planner, thrash_limit: float = THRASH
                  ) -> tuple[list[Op], dict, str | None]:
-    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`),
-    scoring ``sample`` candidates per eviction (``planner``: a :class:`Planner` subclass)."""
+    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`);
+    ``sample`` candidates per eviction (None: all of them), ``planner`` a
+    :class:`Planner` subclass.  Planning stops at the first step that cannot
+    run (the ops are then a prefix of the plan, and the reason says why)."""
     try:
         score = HEURISTICS[heuristic]
     except KeyError:
         raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
                          + ", ".join(HEURISTICS)) from None
-    d = planner(graph, capacity, score, sample, chain)
+    if not thrash_limit > 1.0:
+        raise ValueError(f"thrash limit must be above 1.0, got {thrash_limit}")
+    d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
     _, frees = sequences.use_positions(graph, graph.route)
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
+        if d.reason is not None:
+            break
         for t in frees[p]:
             if t in d.resident:
                 d.free(t)
         for j in d.expiry.pop(p, ()):
             d.unmark_evicted(j)   # nothing left to recompute through it: out of its class
-    return d.ops, {"evictions": d.evictions, "full_scans": d.full_scans}, d.reason
+    stats = {"evictions": d.evictions, "remat_ms": round(d.remat_ms, 6)}
+    return d.ops, stats, d.reason
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
 def plan_dtr(ctx: PlanContext) -> Schedule:
-    ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes)
+    ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes,
+                                      thrash_limit=ctx.thrash_limit)
     return finishing.finish("dtr", ctx.graph, ops, ctx.budget_bytes, stats, reason)

@@ -237,7 +237,8 @@ def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
     cached = schedule.checked
     if cached is not None and cached[0] is graph and cached[1] == len(schedule.ops):
         return cached[2]
-    out = walk(graph, schedule.ops, schedule.policy)
+    # an infeasible plan may stop where it failed: its ops are a prefix of the route
+    out = walk(graph, schedule.ops, schedule.policy, route=schedule.infeasible_reason is None)
     schedule.checked = (graph, len(schedule.ops), out)
     return out
 
