@@ -83,7 +83,7 @@ class Planner:
 
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
                  sample: int | None = None, chain: int | None = None, seed: int = 0,
-                 thrash_limit: float = THRASH):
+                 thrash_limit: float = THRASH, keep_remat: bool = True):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
         self.chain = math.inf if chain is None else chain
         self.level = graph.trace.static_bytes
@@ -96,6 +96,7 @@ class Planner:
         self.reason: str | None = None
         self.evictions = 0
         self.remat_ms = 0.0
+        self.keep_remat = keep_remat
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
         self.pool: list[int] = []          # layers with an evictable tensor resident
         self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
@@ -311,7 +312,7 @@ class Planner:
         """Run a route step, first recomputing what it needs that is missing."""
         needs = self.g.needs(step)
         self.pin(needs)
-        missing = list(dict.fromkeys(t[1] for t in needs if t not in self.resident))
+        missing = [t for t in needs if t not in self.resident]
         if missing:
             self.remat(missing)
         if self.reason is None:
@@ -348,14 +349,16 @@ class Planner:
             res[t] = clock
         self.unpin(allocs)
 
-    def remat(self, layers: list[int]) -> None:
-        """Recompute ``layers`` and, through inputs that are not resident, their
-        ancestors, in forward order (iteratively: chains can be long).  Each
-        recomputed input is pinned until its last consumer in the chain has run;
-        what the chain made stays resident, evictable."""
+    def remat(self, missing: list[Tensor]) -> None:
+        """Recompute the layers that make ``missing`` and, through inputs that are
+        not resident, their ancestors, in forward order (iteratively: chains can
+        be long).  The chain's inputs from outside it are pinned for the whole
+        chain, each recomputed tensor until its last consumer in the chain has
+        run; what the chain made then stays resident, evictable (simrd), unless
+        ``keep_remat`` is off and the route no longer needs it."""
         g, res = self.g, self.resident
         todo: set[int] = set()
-        stack = list(layers)
+        stack = [t[1] for t in missing]
         while stack:
             j = stack.pop()
             if j in todo:
@@ -372,20 +375,21 @@ class Planner:
                     by_layer.setdefault(t[1], []).append(t)
                 users[t] = users.get(t, 0) + 1
         self.pin([t for t, k in users.items() if t[1] not in todo for _ in range(k)])
+        last = g.last_use
         for j, ins in zip(order, chain_in):
             self._run(("R", j))
             if self.reason is not None:
-                break
+                return
             self.pin([t for t in by_layer.get(j, ()) for _ in range(users[t])])
             self.unpin(ins)
+            if not self.keep_remat:
+                for t in ins:
+                    if t in res and not self.pins.get(t) and last.get(t, -1) < self.pos:
+                        self.free(t)
             if self.remat_ms > self.remat_limit_ms:
                 self.reason = (f"thrashing: recomputation {self.remat_ms:.3f} ms exceeds "
                                f"{self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
-                break
-        else:
-            return
-        # stopped: drop the pins still held (the plan ends here)
-        self.pins.clear()
+                return
 
 
 def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
