@@ -204,7 +204,8 @@ class Graph:
     def step_bytes(self, step: Step) -> int:
         """Bytes of what a step needs and allocates (no workspace, no statics)."""
         size = self.size
-        return sum(size(t) for t in self.needs_map[step]) + sum(size(t) for t in self.allocs_map[step])
+        return (sum(size(t) for t in self.needs_map[step])
+                + sum(size(t) for t in self.allocs_map[step]))
 
     # ------------------------------------------------------------- analyses
     @cached_property

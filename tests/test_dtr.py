@@ -10,6 +10,7 @@ search, every resident unpinned tensor with bytes scored with h = cost /
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -140,9 +141,10 @@ def test_bug_zero_byte_tensors_never_fill_the_candidates():
     g = Graph(zero_byte_trace())
     cap = g.lower_bound_bytes + 1500
     for sample in (None, 4):
-        d = Planner(g, cap, HEURISTICS["dtr"], sample=sample)
+        d = Planner(g, cap, HEURISTICS["dtr"], sample=sample, full_scan=0)
         assert all(g.size(t) > 0 for ts in d.cands for t in ts)
-        ops, stats, reason = plan_dtr_ops(g, cap, sample=sample)
+        planner = functools.partial(Planner, full_scan=0)
+        ops, stats, reason = plan_dtr_ops(g, cap, sample=sample, planner=planner)
         assert reason is None and stats["evictions"] > 0, reason
         verify(g, Schedule("dtr", ops))
 

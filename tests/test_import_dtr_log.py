@@ -164,3 +164,42 @@ def test_cli_bad_log_writes_nothing(tmp_path, capsys):
     assert main(["import", "dtr-log", str(log), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.log: line 3: unknown" in err and not out.exists()
+
+
+def _corpus(tmp_path, expected_rows):
+    import zipfile
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    with zipfile.ZipFile(root / "logs.zip", "w") as zf:
+        zf.writestr("logs/toy-1-2.log", "\n".join(LOG) + "\n")
+    (root / "simrd_expected.csv").write_text(
+        "model,log,ratio,simrd_overhead\n" + "".join(f"toy,toy-1,{r},{o}\n"
+                                                    for r, o in expected_rows))
+    suite = tmp_path / "s.toml"
+    suite.write_text('corpus = "x"\npolicy = "dtr"\ncell_max = 0.05\nmedian_max = 0.01\n')
+    return root, suite
+
+
+def test_simrd_comparison_passes_and_fails(tmp_path, capsys):
+    from snsim.validation import simrd
+
+    # unlimited (ratio 1.0) dtr recomputes nothing: overhead 1.000; at 0.5 x 228 B
+    # not even the constants (100 B) and the largest step fit: infeasible
+    root, suite = _corpus(tmp_path, [(1.0, "1.000"), (0.5, "oom")])
+    out = tmp_path / "report"
+    assert simrd.main([str(suite), "--corpus", str(root), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| toy | 1.0 | 1.000 | 1.000 | +0.000 |" in text and "PASS" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["pass"] and report["summary"]["feasibility_mismatches"] == 0
+    assert "provenance" in report and (out / "report.md").exists()
+    (tmp_path / "b").mkdir()
+    root, suite = _corpus(tmp_path / "b", [(1.0, "1.100")])
+    assert simrd.main([str(suite), "--corpus", str(root)]) == 1   # off by 0.1 > 0.05
+    assert "FAIL" in capsys.readouterr().out
+    (tmp_path / "c").mkdir()
+    root, suite = _corpus(tmp_path / "c", [(0.5, "1.2")])
+    assert simrd.main([str(suite), "--corpus", str(root)]) == 1   # feasibility differs
+    assert "feasibility differs" in capsys.readouterr().out
+    assert simrd.main([str(suite), "--corpus", str(tmp_path / "nope")]) == 2

@@ -136,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         suite = load_suite(Path(args.suite), args.corpus)
-        if args.out and not Path(args.out).is_dir():
-            raise SnsimError(f"--out {args.out}: no such folder")
+        if args.out:
+            if not Path(args.out).parent.is_dir():
+                raise SnsimError(f"--out {args.out}: folder {Path(args.out).parent} "
+                                 "does not exist")
+            Path(args.out).mkdir(exist_ok=True)
         rows = run(suite)
     except SnsimError as exc:
         print(f"snsim: error: {exc}", file=sys.stderr)
