@@ -91,9 +91,7 @@ class Graph:
         self.results_of: dict[int, tuple[Tensor, ...]] = {}
         for t in self.result_bytes:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
-        # (several results, or a result and saved extras: any of them may be missing)
-        self.multi_result = frozenset(self.results_of).union(
-            layer.id for layer in layers if layer.saved_extra_bytes)
+        self.multi_result = frozenset(self.results_of)
         self.route: list[Step] = [("F", i) for i in range(n)]
         self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
         # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)

@@ -14,7 +14,8 @@ Replays the route under the budget the way DTR's runtime does (simrd's
 - a step that needs an evicted tensor recomputes it on demand (``R``
   steps), through evicted or freed inputs back to resident ones; what a
   recompute makes stays resident (and evictable), as in simrd; recomputing
-  an op re-makes all its results (the resident ones in place);
+  an op re-makes all its results (the resident ones in place; a layer's
+  output beside evicted saved extras is freed first and re-made with them);
 - *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
   route's compute time the run is infeasible (simrd aborts past 2x).
 
@@ -120,6 +121,9 @@ class Planner:
         self.cands: list[tuple[Tensor, ...]] = [()] + [
             tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
         self.nbytes = {t: size(t) for ts in self.cands for t in ts}
+        self.with_extras = frozenset(j for j in range(1, graph.n)
+                                     if graph.layers[j].saved_extra_bytes
+                                     and j not in graph.multi_result)
         # a view's storage: pinned with the view, and the view goes when it is evicted
         self.storage: dict[Tensor, tuple[Tensor, ...]] = {}
         for layer in graph.layers:
@@ -387,6 +391,12 @@ class Planner:
         self.pin([t for t, k in users.items() if t[1] not in todo for _ in range(k)])
         last = g.last_use
         for j, ins in zip(order, chain_in):
+            x = ("X", j)
+            if x in res and j in self.with_extras:
+                # saved extras evicted alone: the output goes too, the recompute
+                # re-makes both (an output is re-made in place only for an op with
+                # several results, docs/DESIGN.md "Op-log traces")
+                self.free(x)
             self._run(("R", j))
             if self.reason is not None:
                 return
