@@ -1,4 +1,5 @@
-"""``snsim import dtr-log LOG --out TRACE.json``: an op log as a trace.
+"""``snsim import dtr-log LOG --out TRACE.json``: an op log as a trace;
+``snsim import torch-snapshot SNAPSHOT.pickle``: measured peaks.
 
 LOG is one ``.log`` file, a folder of them or a zip (the DTR authors'
 ``logs.zip``); with several logs ``--out`` is a folder and each trace is
@@ -26,6 +27,11 @@ def add_arguments(sub) -> None:
                    help="free a tensor when the program releases it (as simrd) or at its "
                    "last use (default: %(default)s)")
     q.set_defaults(func=run_dtr_log)
+    q = kinds.add_parser("torch-snapshot", help="a PyTorch CUDA memory snapshot "
+                         "(torch.cuda.memory._dump_snapshot): measured allocated and reserved")
+    q.add_argument("snapshot", help="the snapshot pickle")
+    q.add_argument("--out", help="write the summary as JSON (whole, with provenance)")
+    q.set_defaults(func=run_torch_snapshot)
 
 
 def _targets(logs: list, out: str) -> list[Path]:
@@ -61,3 +67,9 @@ def run_dtr_log(args: argparse.Namespace) -> int:
               f"{trace.extra['constant_bytes']} B, baseline peak "
               f"{src['baseline_peak_bytes']} B", file=sys.stderr)
     return 0
+
+
+def run_torch_snapshot(args: argparse.Namespace) -> int:
+    from snsim.importers.torch_snapshot import run
+
+    return run(args)
