@@ -89,7 +89,7 @@ def test_planner_replay_matches_simulator(seed, n, frac):
         s = plan(p, PlanContext(g, budget))
         r = simulate(g, s, budget, record=False)
         if s.infeasible_reason is not None and p == "dtr":
-            assert not r.feasible   # dtr stops planning where it fails: its ops are a prefix
+            assert not r.feasible   # a thrashing dtr plan may fit: its reason decides
             continue
         est = replay.estimate_ms(g, s.ops, budget)
         assert r.feasible == (est < math.inf), p

@@ -17,7 +17,10 @@ Replays the route under the budget the way DTR's runtime does (simrd's
   an op re-makes all its results (the resident ones in place; a layer's
   output beside evicted saved extras is freed first and re-made with them);
 - *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
-  route's compute time the run is infeasible (simrd aborts past 2x).
+  route's compute time the run is infeasible (simrd aborts past 2x);
+- once infeasible, no more evictions: the rest of the route is issued
+  without a budget, so the schedule stays whole (it was planned to the end
+  with evictions before, 649 s on an LSTM log).
 
 An op's results (``output_sizes``) and saved extras are separate tensors,
 each evicted on its own, as simrd's storages are; a view (``alias_of``) is
@@ -419,8 +422,9 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
     """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`);
     ``sample`` candidates per eviction beyond :data:`FULL_SCAN` (None: all of
     them always), ``planner`` a
-    :class:`Planner` subclass.  Planning stops at the first step that cannot
-    run (the ops are then a prefix of the plan, and the reason says why)."""
+    :class:`Planner` subclass.  Eviction stops at the first step that cannot
+    run (the reason says which): the rest of the route follows without a
+    budget, recomputing what is missing, in one linear pass."""
     try:
         score = HEURISTICS[heuristic]
     except KeyError:
@@ -430,18 +434,25 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
         raise ValueError(f"thrash limit must be above 1.0, got {thrash_limit}")
     d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
     _, frees = sequences.use_positions(graph, graph.route)
+    reason = None
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
-        if d.reason is not None:
-            break
+        if d.reason is not None and reason is None:
+            # Infeasible: no more eviction decisions.  The rest of the route is
+            # issued as it comes, missing inputs recomputed, without a budget,
+            # so the schedule stays whole (the executor and validate can run it)
+            # and the rest costs one linear pass.
+            reason, d.reason = d.reason, None
+            d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
+            d.compute(step)
         for t in frees[p]:
             if t in d.resident:
                 d.free(t)
         for j in d.expiry.pop(p, ()):
             d.unmark_evicted(j)   # nothing left to recompute through it: out of its class
     stats = {"evictions": d.evictions, "remat_ms": round(d.remat_ms, 6)}
-    return d.ops, stats, d.reason
+    return d.ops, stats, reason
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
