@@ -38,9 +38,11 @@ no longer needed by the route) is rebuilt into its connected pieces, so the
 classes are exactly the components.  simrd sums the evicted ancestors
 reachable through evicted tensors and, separately, the evicted descendants:
 the component here also holds evicted layers reached by going up and down
-again (a sibling branch), so its cost is at least simrd's; a layer leaves
-the classes once nothing can be recomputed through it any more (simrd keeps
-it).  ``chain`` (default: none) caps a neighbourhood's layers; a candidate
+again (a sibling branch), so its cost is at least simrd's.  On an op-log
+(forward-only) trace a released layer stays in the classes for good, as in
+simrd (``keep_released``); on a trace with a backward pass it leaves them
+once nothing can be recomputed through it, which keeps the classes small
+(and the golden numbers of the shipped traces as they were).  ``chain`` (default: none) caps a neighbourhood's layers; a candidate
 beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
@@ -96,7 +98,7 @@ class Planner:
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
                  sample: int | None = SAMPLE, chain: int | None = None, seed: int = 0,
                  thrash_limit: float = THRASH, keep_remat: bool = True,
-                 full_scan: int = FULL_SCAN):
+                 full_scan: int = FULL_SCAN, keep_released: bool | None = None):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
         self.full_scan = full_scan
         self.chain = math.inf if chain is None else chain
@@ -141,12 +143,19 @@ class Planner:
         self.members: dict[int, list[int]] = {}
         self.class_ms: dict[int, float] = {}
         self.dirty: set[int] = set()
-        # route index after which nothing can be recomputed through X_j: the last
-        # use of X_j or of a consumer's output
-        last = graph.last_use
-        self.horizon = [max([last.get(("X", j), -1)]
-                            + [last.get(("X", c), -1) for c in graph.consumers[j]])
-                        for j in range(graph.n)]
+        # route index after which a freed X_j leaves the evicted neighbourhoods.  On
+        # an op log (forward-only): never, as in simrd, where a released tensor stays
+        # evicted, and counts, for good.  Otherwise once nothing can be recomputed
+        # through it: the last use of X_j or of a consumer's output.
+        if keep_released is None:
+            keep_released = bool(graph.trace.source.get("forward_only"))
+        if keep_released:
+            self.horizon = [math.inf] * graph.n
+        else:
+            last = graph.last_use
+            self.horizon = [max([last.get(("X", j), -1)]
+                                + [last.get(("X", c), -1) for c in graph.consumers[j]])
+                            for j in range(graph.n)]
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
