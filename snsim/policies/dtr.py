@@ -42,7 +42,8 @@ again (a sibling branch), so its cost is at least simrd's.  On an op-log
 (forward-only) trace a released layer stays in the classes for good, as in
 simrd (``keep_released``); on a trace with a backward pass it leaves them
 once nothing can be recomputed through it, which keeps the classes small
-(and the golden numbers of the shipped traces as they were).  ``chain`` (default: none) caps a neighbourhood's layers; a candidate
+(and the golden numbers of the shipped traces as they were).  ``chain``
+(default: none) caps a neighbourhood's layers; a candidate
 beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
