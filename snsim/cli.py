@@ -1,4 +1,4 @@
-"""``snsim`` command line: simulate, info, schedule, policies, profile.
+"""``snsim`` command line: simulate, info, schedule, policies, profile, import.
 
 Every user error is one line on stderr (``snsim: error: ...``) and exit 2;
 ``--json`` output is exactly JSON on stdout.  Files are written whole.
@@ -59,7 +59,8 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
 
 
 def _run_policies(graph, policy: str, budget: int | None, record: bool,
-                  options: dict | None = None, progress: bool = False):
+                  options: dict | None = None, progress: bool = False,
+                  thrash_limit: float = 2.0):
     from snsim import policies
     from snsim.policies.base import PlanContext
     from snsim.schedule import verify
@@ -75,7 +76,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool,
             print(f"snsim: skipped {', '.join(skipped)}: they need a backward pass, and "
                   f"{graph.trace.label} is forward-only", file=sys.stderr)
         names = [n for n in names if n not in skipped]
-    ctx = PlanContext(graph, budget, options)
+    ctx = PlanContext(graph, budget, options, thrash_limit=thrash_limit)
     results = []
     if progress and len(names) > 1:
         from tqdm import tqdm
@@ -104,6 +105,8 @@ def cmd_simulate(args) -> int:
         policies.get(args.policy)  # an unknown policy is refused before the trace is read
     if args.offload_optimizer:
         _check_offload(args.policy)
+    if not args.thrash_limit > 1.0:   # before the trace is read
+        raise SnsimError(f"--thrash-limit must be above 1.0, got {args.thrash_limit}")
     check_outputs([("trace", args.trace)],
                   [("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)])
     if args.timeline:
@@ -116,7 +119,8 @@ def cmd_simulate(args) -> int:
     budget = parse_budget(args.budget, graph.lower_bound_bytes)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
-                            {"time_limit": args.time_limit}, progress=show)
+                            {"time_limit": args.time_limit}, progress=show,
+                            thrash_limit=args.thrash_limit)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
     # provenance (it imports numpy for its version) only for the files that carry it
@@ -281,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what-if on another device preset (snsim profile --list-device-models): "
                    "its memory and host link; a modeled trace's step times re-priced from its "
                    "kernels, other traces' kept (a note says so)")
+    p.add_argument("--thrash-limit", type=float, default=2.0, metavar="X",
+                   help="dtr: infeasible once recomputation exceeds (X - 1) x the compute, "
+                   "as simrd (default: %(default)s)")
     p.add_argument("--timeline", metavar="FILE.png", help="plot memory over the iteration")
     p.add_argument("--chrome-trace", metavar="FILE.json",
                    help="write compute and copy streams in Chrome trace format (Perfetto)")
@@ -313,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_profile(sub)
     _add_validate(sub)
+    from snsim.importers.command import add_arguments as add_import
+
+    add_import(sub)
     return parser
 
 

@@ -34,8 +34,13 @@ def S(i: int) -> Tensor:
     return ("S", i)
 
 
+def result(i: int, k: int) -> Tensor:
+    """Result ``k`` of layer i's op (``output_sizes``): ``X_i`` is result 0."""
+    return ("X", i) if k == 0 else (f"X{k}", i)
+
+
 def tensor_name(t: Tensor) -> str:
-    return f"{t[0]}{t[1]}"
+    return f"{t[0]}{t[1]}" if len(t[0]) == 1 else f"{t[0]}.{t[1]}"
 
 
 def step_name(step: Step) -> str:
@@ -74,6 +79,21 @@ class Graph:
             owners = [c for c in self.consumers[j] if rg[c]]
             if rg[j] and owners:
                 self.grad_owner[j] = max(owners)
+        # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
+        self.x_bytes = [layer.output_bytes for layer in layers]
+        self.result_bytes: dict[Tensor, int] = {}
+        for layer in layers:
+            sizes = layer.extra.get("output_sizes")
+            if sizes:
+                self.x_bytes[layer.id] = int(sizes[0])
+                for k in range(1, len(sizes)):
+                    if sizes[k] > 0:
+                        self.result_bytes[result(layer.id, k)] = int(sizes[k])
+        # layers whose recompute re-makes several results (resident ones in place)
+        self.results_of: dict[int, tuple[Tensor, ...]] = {}
+        for t in self.result_bytes:
+            self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
+        self.multi_result = frozenset(self.results_of)
         self.route: list[Step] = [("F", i) for i in range(n)]
         self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
         # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
@@ -94,10 +114,14 @@ class Graph:
     def _build_steps(self, i: int) -> None:
         layer = self.layers[i]
         ins = tuple(dict.fromkeys(layer.inputs))
-        fwd_allocs = (X(i),) + ((S(i),) if layer.saved_extra_bytes else ())
-        self.needs_map[("F", i)] = tuple(X(j) for j in ins)
+        more = self.results_of.get(i, ())
+        fwd_allocs = (X(i),) + more + ((S(i),) if layer.saved_extra_bytes else ())
+        reads = layer.extra.get("input_results")
+        fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
+                          if t is not None) if reads else tuple(X(j) for j in ins)
+        self.needs_map[("F", i)] = fwd_needs
         self.allocs_map[("F", i)] = fwd_allocs
-        self.needs_map[("R", i)] = tuple(X(j) for j in ins)
+        self.needs_map[("R", i)] = fwd_needs
         self.allocs_map[("R", i)] = fwd_allocs
         if not self.requires_grad[i]:
             return
@@ -178,12 +202,24 @@ class Graph:
             return t.step_transient_bytes
         return training_state.modeled_transient_bytes(t.optimizer, self.trace.param_bytes)
 
+    def read(self, j: int, k: int) -> Tensor | None:
+        """The tensor a consumer of result ``k`` of layer j needs: that result;
+        ``X_j`` for result 0, or for a result without bytes of a view layer
+        (``alias_of``: ``X_j`` holds the storage); None for another empty result."""
+        t = result(j, k)
+        if k == 0 or t in self.result_bytes:
+            return t
+        return X(j) if "alias_of" in self.layers[j].extra else None
+
     def size(self, t: Tensor) -> int:
-        layer = self.layers[t[1]]
         kind = t[0]
+        if kind == "X":
+            return self.x_bytes[t[1]]
         if kind == "S":
-            return layer.saved_extra_bytes
-        return layer.gradient_bytes if kind == "G" else layer.output_bytes
+            return self.layers[t[1]].saved_extra_bytes
+        if kind == "G":
+            return self.layers[t[1]].gradient_bytes
+        return self.result_bytes[t]
 
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:
         if step[0] == "O":
@@ -236,12 +272,21 @@ class Graph:
     def step_bytes(self, step: Step) -> int:
         """Bytes of what a step needs and allocates (no workspace, no statics)."""
         size = self.size
-        return sum(size(t) for t in self.needs_map[step]) + sum(size(t) for t in self.allocs_map[step])
+        return (sum(size(t) for t in self.needs_map[step])
+                + sum(size(t) for t in self.allocs_map[step]))
 
     # ------------------------------------------------------------- analyses
     @cached_property
     def last_use(self) -> dict[Tensor, int]:
-        """Route index of the last step that needs or allocates each tensor."""
+        """Route index of the last step that needs or allocates each tensor, or
+        later where :attr:`holds` keeps it."""
+        last = self._uses_end()
+        for t, k in self.holds.items():
+            if k > last.get(t, -1):
+                last[t] = k
+        return last
+
+    def _uses_end(self) -> dict[Tensor, int]:
         last: dict[Tensor, int] = {}
         for k, step in enumerate(self.route):
             for t in self.needs_map[step]:
@@ -249,6 +294,56 @@ class Graph:
             for t in self.allocs_map[step]:
                 last[t] = k
         return last
+
+    # ------------------------------------------------- op-log traces (DESIGN)
+    @cached_property
+    def views(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer, the layers whose output is a view of its storage (``alias_of``)."""
+        views: list[list[int]] = [[] for _ in range(self.n)]
+        for layer in self.layers:
+            for j, _ in layer.extra.get("alias_of", ()):
+                if layer.id not in views[j]:
+                    views[j].append(layer.id)
+        return tuple(tuple(v) for v in views)
+
+    @cached_property
+    def holds(self) -> dict[Tensor, int]:
+        """Route index through which a result must stay resident although no step
+        needs it: its release point (``released_after``, ``output_released_after``,
+        when the trace says ``free_at: release``) and that of every view of its
+        storage (``alias_of``: a storage lives while any view of it does).  Empty
+        for a trace with neither field."""
+        layers = self.layers
+        release = self.trace.extra.get("free_at") == "release"
+        if not release and not any(self.views):
+            return {}
+        end = self._uses_end()
+        hold: dict[Tensor, int] = {}
+
+        def extend(t: Tensor, k: int) -> None:
+            if k > hold.get(t, -1):
+                hold[t] = k
+
+        for i in range(self.n - 1, -1, -1):   # views come after their storage's owner
+            extra = layers[i].extra
+            if release:
+                per = extra.get("output_released_after")
+                if per is not None:
+                    for k, rel in enumerate(per):
+                        t = self.read(i, k)
+                        if t is not None:
+                            extend(t, rel)
+                elif "released_after" in extra:
+                    extend(X(i), extra["released_after"])
+            alias = extra.get("alias_of")
+            if alias:
+                mine = (X(i),) + self.results_of.get(i, ())
+                keep = max(max(hold.get(t, -1), end.get(t, -1)) for t in mine)
+                for j, k in alias:
+                    t = self.read(j, k)
+                    if t is not None:
+                        extend(t, keep)
+        return {t: k for t, k in hold.items() if k > end.get(t, -1)}
 
     @cached_property
     def compute_ms(self) -> float:

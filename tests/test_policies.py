@@ -274,16 +274,18 @@ def test_dtr_chain_a_under_budget():
     g = chain_a()
     s, r = run(g, "dtr", 400)
     # F4 needs 210 bytes on top of 380.  Clock 2.5 ms after F3; candidates
-    # (data and the step's own input excluded): X1 (cost 1.0, 10 bytes, last
-    # used at 1.5 ms: h ~ 0.1) and X2+S2 (cost 0.5, 310 bytes, used at 2.5 ms:
-    # h ~ 1.6).  X1 goes, then X2+S2 (now costing 1.5: X1 is missing too).
-    # B3 needs X2: recompute conv1 then pool2 (1.0 + 0.5 ms).
+    # (data and the step's own input excluded; each tensor on its own, as
+    # simrd's storages): X1 (cost 1.0, 10 bytes, read at 1.0 ms: h = 1/15),
+    # X2 (cost 0.5, 10 bytes, read at 1.5: h = 0.05) and S2 (cost 0.5 through
+    # its inputs only, 300 bytes, made at 1.5: h = 0.5/300).  S2 goes and
+    # frees enough.  B2 needs S2: recompute pool2 (0.5 ms), which re-makes the
+    # resident X2 in place.
     assert computes(s) == ["F0", "F1", "F2", "F3", "F4", "F5", "B5", "B4",
-                           "R1", "R2", "B3", "B2", "B1"]
-    assert s.ops[4:7] == [Free(("X", 1)), Free(("X", 2)), Free(("S", 2))]
-    assert s.stats["evictions"] == 2 and s.stats["recomputed_layers"] == 2
+                           "B3", "R2", "B2", "B1"]
+    assert s.ops[4] == Free(("S", 2))
+    assert s.stats["evictions"] == 1 and s.stats["recomputed_layers"] == 1
     assert r.feasible and r.peak_bytes == 390
-    assert r.recompute_ms == 1.5 and r.iteration_ms == COMPUTE_A + 1.5
+    assert r.recompute_ms == 0.5 and r.iteration_ms == COMPUTE_A + 0.5
     # At the lower bound B2 needs all 380 bytes but the data layer's 10 stay
     # (DTR cannot recompute its input): infeasible, with the step and shortfall.
     s, r = run(g, "dtr", 380)
@@ -393,7 +395,8 @@ def test_dtr_heuristics_are_pluggable():
     cap = g.lower_bound_bytes + 200
     plans = {}
     for h in HEURISTICS:
-        ops, stats, reason = plan_dtr_ops(g, cap, heuristic=h)
+        # (lru thrashes here: recomputing 39 of 37 ms; the limit is not what is tested)
+        ops, stats, reason = plan_dtr_ops(g, cap, heuristic=h, thrash_limit=10.0)
         assert reason is None and stats["evictions"] > 0, h
         verify(g, Schedule("dtr-" + h, ops))
         plans[h] = ops

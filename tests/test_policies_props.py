@@ -88,6 +88,9 @@ def test_planner_replay_matches_simulator(seed, n, frac):
     for p in names():
         s = plan(p, PlanContext(g, budget))
         r = simulate(g, s, budget, record=False)
+        if s.infeasible_reason is not None and p == "dtr":
+            assert not r.feasible   # a thrashing dtr plan may fit: its reason decides
+            continue
         est = replay.estimate_ms(g, s.ops, budget)
         assert r.feasible == (est < math.inf), p
         if r.feasible:

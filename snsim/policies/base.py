@@ -23,6 +23,8 @@ class PlanContext:
     budget_bytes: int | None = None
     # planner options by name (e.g. optimal's "time_limit"); others ignore them
     options: Mapping[str, Any] | None = None
+    # recomputation may add at most (thrash_limit - 1) x the route's compute (dtr; simrd)
+    thrash_limit: float = 2.0
 
     @property
     def capacity_bytes(self) -> int:

@@ -1,48 +1,62 @@
 """``dtr``: Dynamic Tensor Rematerialization (Kirisame et al., ICLR 2021).
 
-Replays the route under the budget the way DTR's runtime would: liveness
-frees what the route no longer needs; when an allocation does not fit, the
-resident forward result (output and saved extras of one layer) with the
-smallest ``h = cost / (size x staleness)`` is evicted, and a step that needs
-an evicted tensor recomputes it on demand (``R`` steps), through evicted or
-freed inputs back to resident ones; temporaries made only to recompute are
-freed as soon as their last consumer in the chain has run.  ``staleness`` is
-the planned compute time since the tensor was last used.
+Replays the route under the budget the way DTR's runtime does (simrd's
+``RuntimeV2EagerOptimized``, the paper's simulated evaluation):
+
+- *eager eviction*: a tensor leaves the device when the program no longer
+  references it (liveness frees; on an op-log trace its release point,
+  docs/DESIGN.md "Op-log traces"), and it stays part of the evicted
+  neighbourhoods while a recompute may still pass through it;
+- when an allocation does not fit, the resident tensor with the smallest
+  ``h = cost / (size x staleness)`` is evicted, every evictable tensor
+  scored (simrd scans its whole pool; a tensor without bytes is never a
+  candidate, since evicting it frees nothing);
+- a step that needs an evicted tensor recomputes it on demand (``R``
+  steps), through evicted or freed inputs back to resident ones; what a
+  recompute makes stays resident (and evictable), as in simrd; recomputing
+  an op re-makes all its results (the resident ones in place; a layer's
+  output beside evicted saved extras is freed first and re-made with them);
+- *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
+  route's compute time the run is infeasible (simrd aborts past 2x);
+- once infeasible, no more evictions: the rest of the route is issued
+  without a budget, so the schedule stays whole (it was planned to the end
+  with evictions before, 649 s on an LSTM log).
+
+An op's results (``output_sizes``) and saved extras are separate tensors,
+each evicted on its own, as simrd's storages are; a view (``alias_of``) is
+pinned and evicted with its storage.  ``staleness`` is the planned compute
+time since the tensor was last read or made: a read is stamped before the
+reading step's time, a result after it, as in simrd; a staleness of zero
+scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
-(inputs and consumers: the recomputes this eviction would lengthen).  As in
-DTR's prototype, e* is kept as equivalence classes (union-find over the
-evicted layers, each with its summed forward time): evicting a layer joins
-its evicted neighbours' classes, so scoring a candidate costs its degree, not
-a walk.  The prototype never splits a class, which over-states the cost once
-a member is back; here a class that loses a member (recomputed, or no longer
-needed by the route) is rebuilt into its connected pieces, so the classes
-are exactly the components and the score is the exact one.  Two deliberate
-approximations remain: a layer the route has freed (not evicted) is not in
-any class, although a recompute may have to pass through it, and the
-neighbourhood of a saved-extras-only eviction is that of its inputs.  Every
-cost is finite: nothing is "too costly to evict"; a long chain is just
-expensive, as in the paper.
+(inputs and consumers: both sides).  Evicted neighbourhoods are kept as
+union-find classes over the evicted layers, each with its summed forward
+time, as DTR's prototype does; a class that loses a member (recomputed, or
+no longer needed by the route) is rebuilt into its connected pieces, so the
+classes are exactly the components.  simrd sums the evicted ancestors
+reachable through evicted tensors and, separately, the evicted descendants:
+the component here also holds evicted layers reached by going up and down
+again (a sibling branch), so its cost is at least simrd's.  On an op-log
+(forward-only) trace a released layer stays in the classes for good, as in
+simrd (``keep_released``); on a trace with a backward pass it leaves them
+once nothing can be recomputed through it, which keeps the classes small
+(and the golden numbers of the shipped traces as they were).  ``chain``
+(default: none) caps a neighbourhood's layers; a candidate
+beyond it has infinite cost.
 
-Victims are chosen from a bounded sample, as DTR's prototype does: each
-eviction scores ``SAMPLE`` evictable forward results drawn uniformly (a
-seeded generator: plans are deterministic) and evicts the smallest score.
-When at most ``SAMPLE`` are evictable they are all scored, so the choice is
-the exact heuristic's (``tests/test_dtr.py`` checks it against a brute-force
-scorer).  An eviction costs ``O(SAMPLE x degree)`` plus the amortized class
-rebuilds, so planning is linear in the route and its recomputes.
-Gradients and the data layer's output are never evicted; where a
-recomputation would still need the data after its last use, the plan is
-made again with the data kept to the end (the input is not recomputable).
-Without a budget tighter than the liveness peak nothing is evicted: the plan
-is liveness.
-
-The eviction score is pluggable (:data:`HEURISTICS`, ``plan_dtr_ops(...,
-heuristic=name)``), as DTR's paper compares several: ``dtr`` (the policy's
-own, cost / (size x staleness)), ``lru`` (1 / staleness), ``size`` (1 /
-size: the largest first) and ``msps`` (cost / size: memory saved per
-second of recompute, no staleness).  The smallest score is evicted.
+Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
+(2,048) layers hold one, which covers every cell of the simrd corpus (at
+most 1,159); beyond that, ``sample`` (256) candidates drawn uniformly
+(seeded) are scored, as DTR's PyTorch prototype samples, so an eviction
+costs a bounded number of scores and planning stays linear in the route
+(a full scan is quadratic: 17 s on a 3,316-layer ResNet at 1.5x).  The eviction score
+is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
+``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
+The data layer's output is never evicted; where a recomputation would
+still need it after its last use, the plan is made again with it kept to the
+end of the route (the input is read from the host, never recomputed).
 """
 
 from __future__ import annotations
@@ -59,13 +73,13 @@ from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
-
-# Candidates scored per eviction (all of them when fewer are evictable).
-SAMPLE = 32
-# An eviction that would make an evicted neighbourhood of more layers than this
-# is not a candidate (infinite cost): every recompute chain stays this short.
-CHAIN = 16
-
+# simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
+THRASH = 2.0
+# Every candidate is scored while at most FULL_SCAN layers hold one (every cell of
+# the simrd corpus: at most 1,159); beyond, SAMPLE drawn uniformly, so that an
+# eviction's cost stays bounded and planning linear in the route.
+FULL_SCAN = 2048
+SAMPLE = 256
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
 Heuristic = Callable[[float, int, float], float]
@@ -86,9 +100,12 @@ class Planner:
     """
 
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
-                 sample: int = SAMPLE, chain: int = CHAIN, seed: int = 0):
+                 sample: int | None = SAMPLE, chain: int | None = None, seed: int = 0,
+                 thrash_limit: float = THRASH, keep_remat: bool = True,
+                 full_scan: int = FULL_SCAN, keep_released: bool | None = None):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
-        self.chain = chain
+        self.full_scan = full_scan
+        self.chain = math.inf if chain is None else chain
         self.level = graph.trace.static_bytes
         self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
         self.pins: dict[Tensor, int] = {}
@@ -98,8 +115,12 @@ class Planner:
         self.pos = 0
         self.reason: str | None = None
         self.evictions = 0
-        self.full_scans = 0
-        self.keep_data = False   # the data layer's output stays to the end
+        self.remat_ms = 0.0
+        self.keep_data = False        # the data layer's output stays to the end
+        self.kept_data: set[Tensor] = set()
+        self.infeasible: str | None = None
+        self.keep_remat = keep_remat
+        self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
         self.pool: list[int] = []          # layers with an evictable tensor resident
         self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
         self.rng = random.Random(seed)
@@ -107,28 +128,56 @@ class Planner:
         self.fwd = [layer.fwd_ms for layer in graph.layers]
         self.consumers = [tuple(c) for c in graph.consumers]
         self.near = [i + c for i, c in zip(self.inputs, self.consumers)]
-        self.x_bytes = [layer.output_bytes for layer in graph.layers]
-        self.s_bytes = [layer.saved_extra_bytes for layer in graph.layers]
+        size = graph.size
+        # per layer, the tensors eviction may take (with bytes; never the data layer's)
+        self.cands: list[tuple[Tensor, ...]] = [()] + [
+            tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
+        self.nbytes = {t: size(t) for ts in self.cands for t in ts}
+        self.with_extras = frozenset(j for j in range(1, graph.n)
+                                     if graph.layers[j].saved_extra_bytes
+                                     and j not in graph.multi_result)
+        # a view's storage: pinned with the view, and the view goes when it is evicted
+        self.storage: dict[Tensor, tuple[Tensor, ...]] = {}
+        for layer in graph.layers:
+            for j, k in layer.extra.get("alias_of", ()):
+                t = graph.read(j, k)
+                if t is not None:
+                    base = (t,) + self.storage.get(t, ())
+                    self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
+        self.views = graph.views
         # union-find over the evicted layers: root -> members, forward ms
         self.parent: dict[int, int] = {}
         self.members: dict[int, list[int]] = {}
         self.class_ms: dict[int, float] = {}
         self.dirty: set[int] = set()
-        # route index after which nothing can be recomputed through X_j: the last
-        # use of X_j or of a consumer's output
-        last = graph.last_use
-        self.horizon = [max([last.get(("X", j), -1)]
-                            + [last.get(("X", c), -1) for c in graph.consumers[j]])
-                        for j in range(graph.n)]
+        # route index after which a freed X_j leaves the evicted neighbourhoods.  On
+        # an op log (forward-only): never, as in simrd, where a released tensor stays
+        # evicted, and counts, for good.  Otherwise once nothing can be recomputed
+        # through it: the last use of X_j or of a consumer's output.
+        if keep_released is None:
+            keep_released = bool(graph.trace.source.get("forward_only"))
+        if keep_released:
+            self.horizon = [math.inf] * graph.n
+        else:
+            last = graph.last_use
+            self.horizon = [max([last.get(("X", j), -1)]
+                                + [last.get(("X", c), -1) for c in graph.consumers[j]])
+                            for j in range(graph.n)]
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
+        pins, storage = self.pins, self.storage
         for t in ts:
-            self.pins[t] = self.pins.get(t, 0) + 1
+            pins[t] = pins.get(t, 0) + 1
+            for b in storage.get(t, ()):
+                pins[b] = pins.get(b, 0) + 1
 
     def unpin(self, ts) -> None:
+        pins, storage = self.pins, self.storage
         for t in ts:
-            self.pins[t] -= 1
+            pins[t] -= 1
+            for b in storage.get(t, ()):
+                pins[b] -= 1
 
     # ------------------------------------------------------------ the pool
     def _add(self, j: int) -> None:
@@ -142,20 +191,6 @@ class Planner:
         if last != j:
             self.pool[k] = last
             self.slot[last] = k
-
-    # -------------------------------------------------------------- scoring
-    def unit(self, j: int) -> list[Tensor] | None:
-        """What evicting layer j's forward result frees (saved extras go with
-        their output: an R step remakes both); None if it cannot go now."""
-        res, pins = self.resident, self.pins
-        x, s = ("X", j), ("S", j)
-        if x in res:
-            if pins.get(x):
-                return None
-            return [x, s] if s in res and not pins.get(s) else [x]
-        if s in res and not pins.get(s):
-            return [s]
-        return None
 
     # ---------------------------------------- evicted neighbourhoods (classes)
     def _find(self, j: int) -> int:
@@ -180,10 +215,6 @@ class Planner:
             self.dirty.discard(rb)
             self.dirty.add(ra)
 
-    def _neighbours(self, j: int) -> list[int]:
-        ev = self.evicted
-        return [k for k in self.inputs[j] + self.consumers[j] if k in ev]
-
     def mark_evicted(self, j: int) -> None:
         """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
         if j in self.evicted:
@@ -195,8 +226,10 @@ class Planner:
         self.parent[j] = j
         self.members[j] = [j]
         self.class_ms[j] = self.fwd[j]
-        for k in self._neighbours(j):
-            self._join(j, k)
+        ev = self.evicted
+        for k in self.near[j]:
+            if k in ev:
+                self._join(j, k)
 
     def unmark_evicted(self, j: int) -> None:
         """X_j is back (recomputed) or no longer needed: its class splits (lazily)."""
@@ -207,21 +240,20 @@ class Planner:
     def _split_dirty(self) -> None:
         # Rebuild each class that lost members into the connected pieces of
         # what is still evicted: the classes are exactly the components.
-        ev, inputs, consumers, fwd = self.evicted, self.inputs, self.consumers, self.fwd
+        ev, near, fwd = self.evicted, self.near, self.fwd
         for root in self.dirty:
             old = self.members.pop(root)
             self.class_ms.pop(root)
             for m in old:
                 self.parent.pop(m, None)
-            left = [m for m in old if m in ev]
-            for m in left:
-                if m in self.parent:
+            for m in old:
+                if m not in ev or m in self.parent:
                     continue
                 self.parent[m] = m
                 comp, stack = [m], [m]
                 while stack:
                     k = stack.pop()
-                    for q in inputs[k] + consumers[k]:
+                    for q in near[k]:
                         if q in ev and q not in self.parent:
                             self.parent[q] = m
                             comp.append(q)
@@ -230,204 +262,236 @@ class Planner:
                 self.class_ms[m] = sum(fwd[q] for q in comp)
         self.dirty.clear()
 
-    def cost(self, j: int, with_consumers: bool = True) -> float:
-        """Forward time of recomputing layer j: its own plus that of every
-        evicted class next to it (through inputs, and consumers if evicting
-        X_j, not only its saved extras); ``inf`` if together they would have
-        more than ``CHAIN`` layers."""
-        if self.dirty:
-            self._split_dirty()
+    def cost(self, j: int, nb) -> float:
+        """Forward time of layer j plus that of every evicted class next to it
+        through ``nb`` (its inputs and consumers, or only its inputs for saved
+        extras); ``inf`` if together they have more than ``chain`` layers."""
         ev = self.evicted
-        near = [k for k in (self.inputs[j] + self.consumers[j] if with_consumers
-                            else self.inputs[j]) if k in ev]
-        if not near:   # the common case: a one-layer recompute
+        if ev.isdisjoint(nb):   # the common case: a one-layer recompute
             return self.fwd[j]
-        roots = {self._find(k) for k in near}
+        roots = {self._find(k) for k in nb if k in ev}
         if 1 + sum(len(self.members[r]) for r in roots) > self.chain:
             return math.inf
         return self.fwd[j] + sum(self.class_ms[r] for r in roots)
 
-    def best(self, candidates) -> list[Tensor] | None:
-        """The unit with the smallest finite score among ``candidates`` (layers).
-
-        :meth:`unit` and :meth:`cost` inlined: this loop is the planner's hot path."""
-        res, pins, ev = self.resident, self.pins, self.evicted
-        xs, ss, fwd, near, ins = self.x_bytes, self.s_bytes, self.fwd, self.near, self.inputs
-        score, clock, limit = self.score, self.clock, self.chain
+    def best(self, candidates) -> Tensor | None:
+        """The evictable tensor of ``candidates`` (layers) with the smallest score
+        (the last seen of equal scores, as simrd's scan; ``inf`` only if nothing
+        scores less).  The planner's hot path."""
+        res, pins, cands, nbytes = self.resident, self.pins, self.cands, self.nbytes
+        near, ins, score, clock = self.near, self.inputs, self.score, self.clock
         if self.dirty:
             self._split_dirty()
-        best, best_h = None, None
+        best, best_h = None, math.inf
         for j in candidates:
-            x = ("X", j)
-            if x in res:
-                if pins.get(x):
+            cost_x = cost_s = None
+            for t in cands[j]:
+                if t not in res or pins.get(t):
                     continue
-                s = ("S", j)
-                unit = [x, s] if s in res and not pins.get(s) else [x]
-                size = xs[j] + (ss[j] if len(unit) == 2 else 0)
-                nb = near[j]
-            else:
-                s = ("S", j)
-                if s not in res or pins.get(s):
-                    continue
-                unit, size, nb = [s], ss[j], ins[j]
-            if size <= 0:
-                continue
-            if ev.isdisjoint(nb):   # the common case: a one-layer recompute
-                cost = fwd[j]
-            else:
-                roots = {self._find(k) for k in nb if k in ev}
-                if 1 + sum(len(self.members[r]) for r in roots) > limit:
-                    continue   # never evicted: its recompute chain would be too long
-                cost = fwd[j] + sum(self.class_ms[r] for r in roots)
-            h = score(cost, size, clock - res[unit[0]] + 1e-3)
-            if best_h is None or h < best_h:
-                best, best_h = unit, h
+                if t[0] == "S":
+                    if cost_s is None:
+                        cost_s = self.cost(j, ins[j])
+                    cost = cost_s
+                else:
+                    if cost_x is None:
+                        cost_x = self.cost(j, near[j])
+                    cost = cost_x
+                stale = clock - res[t]
+                h = score(cost, nbytes[t], stale) if stale > 0 and cost < math.inf \
+                    else math.inf
+                if h <= best_h:
+                    best, best_h = t, h
         return best
 
-    def victim(self) -> list[Tensor] | None:
+    def victim(self) -> Tensor | None:
         pool = self.pool
         n = len(pool)
-        if n <= self.sample:
+        if self.sample is None or n <= max(self.sample, self.full_scan):
             return self.best(list(pool))
         rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
         picked = self.best([pool[int(rnd() * n)] for _ in range(self.sample)])
-        if picked is None:   # none in the sample can go: look at all of them before giving up
-            self.full_scans += 1
-            picked = self.best(list(pool))
-        return picked
+        return picked if picked is not None else self.best(list(pool))
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
-            unit = self.victim()
-            if unit is None:
-                if self.reason is None:
-                    self.reason = "after evicting every evictable tensor, " + replay.shortfall(
-                        self.g, step, self.level + need - self.cap, self.cap)
+            t = self.victim()
+            if t is None:
+                left = sum(1 for j in self.pool for u in self.cands[j] if u in self.resident)
+                self.reason = (f"with {left} resident tensors pinned by the step, "
+                               if left else "after evicting every evictable tensor, ") \
+                    + replay.shortfall(self.g, step, self.level + need - self.cap, self.cap)
                 return
-            for t in unit:
-                self.free(t)
+            self.free(t)
             self.evictions += 1
 
     def free(self, t: Tensor) -> None:
+        if self.keep_data and t[0] == "X" and self.g.layers[t[1]].kind == "data":
+            self.kept_data.add(t)   # freed at the end of the route (plan_dtr_ops)
+            return
         res = self.resident
         del res[t]
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
-        if t[0] != "G" and j in self.slot and ("X", j) not in res and ("S", j) not in res:
+        if j in self.slot and not any(u in res for u in self.cands[j]):
             self._drop(j)
-        if t[0] == "X" and j and self.horizon[j] > self.pos:
-            # evicted, or freed while a consumer's output may still be recomputed
-            # through it: part of the evicted neighbourhoods until then
-            self.mark_evicted(j)
+        if t[0] != "S" and t[0] != "G":
+            for v in self.views[j]:   # a view goes with its storage
+                if ("X", v) in res:
+                    self.free(("X", v))
+            if t[0] == "X" and j and self.horizon[j] > self.pos:
+                # evicted, or freed while a consumer's output may still be recomputed
+                # through it: part of the evicted neighbourhoods until then
+                self.mark_evicted(j)
 
     def compute(self, step: Step) -> None:
         """Run a route step, first recomputing what it needs that is missing."""
         needs = self.g.needs(step)
         self.pin(needs)
-        missing = [t[1] for t in needs if t not in self.resident]
+        missing = [t for t in needs if t not in self.resident]
         if missing:
             self.remat(missing)
-        self._run(step)
-        self.unpin(needs)
+        if self.reason is None:
+            self._run(step)
+        if self.reason is None:   # else planning stops here, pins and all
+            self.unpin(needs)
 
     def _run(self, step: Step) -> None:
         g = self.g
         needs, allocs = g.needs(step), g.allocs(step)
         self.pin(allocs)
-        new = [t for t in allocs if t not in self.resident]
+        res = self.resident
+        new = [t for t in allocs if t not in res]
         self.make_room(sum(g.size(t) for t in new) + g.workspace_bytes(step), step)
+        if self.reason is not None:
+            self.unpin(allocs)
+            return
         self.ops.append(Compute(*step))
-        self.clock += g.step_ms(step)
+        before = self.clock
+        ms = g.step_ms(step)
+        self.clock += ms
+        if step[0] == "R":
+            self.remat_ms += ms
         for t in new:
             self.level += g.size(t)
-            if t[0] != "G" and t[1] != 0:
+            if t in self.nbytes:
                 self._add(t[1])
-                if t[0] == "X":
-                    self.unmark_evicted(t[1])
-        res = self.resident
+            if t[0] == "X":
+                self.unmark_evicted(t[1])
         clock = self.clock
         for t in needs:
-            res[t] = clock
-        for t in new:
+            res[t] = before
+        for t in allocs:
             res[t] = clock
         self.unpin(allocs)
 
-    def remat(self, layers: list[int]) -> None:
-        """Recompute ``layers`` and, through inputs that are not resident,
-        their ancestors, in forward order (iteratively: chains can be long).
-        Each recomputed input is pinned until its last consumer in the chain
-        has run, then freed if the route no longer needs it."""
+    def remat(self, missing: list[Tensor]) -> None:
+        """Recompute the layers that make ``missing`` and, through inputs that are
+        not resident, their ancestors, in forward order (iteratively: chains can
+        be long).  The chain's inputs from outside it are pinned for the whole
+        chain, each recomputed tensor until its last consumer in the chain has
+        run; what the chain made then stays resident, evictable (simrd), unless
+        ``keep_remat`` is off and the route no longer needs it."""
         g, res = self.g, self.resident
         todo: set[int] = set()
-        stack = list(layers)
+        stack = [t[1] for t in missing]
         while stack:
             j = stack.pop()
             if j in todo:
                 continue
             todo.add(j)
-            stack.extend(x for x in g.layers[j].inputs if ("X", x) not in res)
+            stack.extend(t[1] for t in g.needs(("R", j)) if t not in res)
         order = sorted(todo)
-        chain_in = [tuple(dict.fromkeys(g.layers[j].inputs)) for j in order]
-        users: dict[int, int] = {}
+        chain_in = [g.needs(("R", j)) for j in order]
+        users: dict[Tensor, int] = {}
+        by_layer: dict[int, list[Tensor]] = {}
         for ins in chain_in:
-            for x in ins:
-                users[x] = users.get(x, 0) + 1
-        self.pin([("X", x) for x, k in users.items() if x not in todo for _ in range(k)])
+            for t in ins:
+                if t not in users:
+                    by_layer.setdefault(t[1], []).append(t)
+                users[t] = users.get(t, 0) + 1
+        self.pin([t for t, k in users.items() if t[1] not in todo for _ in range(k)])
         last = g.last_use
         for j, ins in zip(order, chain_in):
+            x = ("X", j)
+            if x in res and j in self.with_extras:
+                # saved extras evicted alone: the output goes too, the recompute
+                # re-makes both (an output is re-made in place only for an op with
+                # several results, docs/DESIGN.md "Op-log traces")
+                self.free(x)
             self._run(("R", j))
-            self.pin([("X", j)] * users.get(j, 0))
-            for u in [("X", x) for x in ins] + [t for t in g.allocs(("R", j)) if t[0] == "S"]:
-                if u[0] == "X":
-                    self.unpin([u])
-                if u in res and not self.pins.get(u) and last.get(u, -1) < self.pos \
-                        and not (self.keep_data and g.layers[u[1]].kind == "data"):
-                    self.free(u)
+            if self.reason is not None:
+                return
+            self.pin([t for t in by_layer.get(j, ()) for _ in range(users[t])])
+            self.unpin(ins)
+            if not self.keep_remat:
+                for t in ins:
+                    if t in res and not self.pins.get(t) and last.get(t, -1) < self.pos:
+                        self.free(t)
+            if self.remat_ms > self.remat_limit_ms:
+                self.reason = (f"thrashing: recomputation {self.remat_ms:.3f} ms exceeds "
+                               f"{self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
+                return
 
 
-def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr", sample: int = SAMPLE,
-                 chain: int = CHAIN, planner: type[Planner] = Planner
+def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
+                 sample: int | None = SAMPLE, chain: int | None = None,
+                 planner: type[Planner] = Planner, thrash_limit: float = THRASH
                  ) -> tuple[list[Op], dict, str | None]:
-    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`),
-    scoring ``sample`` candidates per eviction (``planner``: a :class:`Planner` subclass)."""
+    """DTR's ops under ``capacity`` with eviction score ``heuristic`` (:data:`HEURISTICS`);
+    ``sample`` candidates per eviction beyond :data:`FULL_SCAN` (None: all of
+    them always), ``planner`` a
+    :class:`Planner` subclass.  Eviction stops at the first step that cannot
+    run (the reason says which): the rest of the route follows without a
+    budget, recomputing what is missing, in one linear pass."""
     try:
         score = HEURISTICS[heuristic]
     except KeyError:
         raise ValueError(f"unknown DTR heuristic {heuristic!r}; choose from "
                          + ", ".join(HEURISTICS)) from None
-    d = _run_route(graph, capacity, score, sample, chain, planner, keep_data=False)
+    if not thrash_limit > 1.0:
+        raise ValueError(f"thrash limit must be above 1.0, got {thrash_limit}")
+    d = _run_route(graph, planner(graph, capacity, score, sample, chain,
+                                  thrash_limit=thrash_limit))
     data = {i for i, layer in enumerate(graph.layers) if layer.kind == "data"}
     if any(type(op) is Compute and op.phase == "R" and op.layer in data for op in d.ops):
-        # the input cannot be recomputed (it is read from the host): keep it instead
-        d = _run_route(graph, capacity, score, sample, chain, planner, keep_data=True)
-    return d.ops, {"evictions": d.evictions, "full_scans": d.full_scans}, d.reason
+        # the input cannot be recomputed (it is read from the host): keep it to the end
+        d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
+        d.keep_data = True
+        d = _run_route(graph, d)
+    stats = {"evictions": d.evictions, "remat_ms": round(d.remat_ms, 6)}
+    return d.ops, stats, d.infeasible
 
 
-def _run_route(graph: Graph, capacity: int, score: Heuristic, sample: int, chain: int,
-               planner: type[Planner], keep_data: bool) -> Planner:
-    d = planner(graph, capacity, score, sample, chain)
-    d.keep_data = keep_data
+def _run_route(graph: Graph, d: Planner) -> Planner:
     _, frees = sequences.use_positions(graph, graph.route)
-    kept = []
+    reason = None
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
+        if d.reason is not None and reason is None:
+            # Infeasible: no more eviction decisions.  The rest of the route is
+            # issued as it comes, missing inputs recomputed, without a budget,
+            # so the schedule stays whole (the executor and validate can run it)
+            # and the rest costs one linear pass.
+            reason, d.reason = d.reason, None
+            d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
+            d.compute(step)
         for t in frees[p]:
-            if keep_data and t[0] == "X" and graph.layers[t[1]].kind == "data":
-                kept.append(t)
-            elif t in d.resident:
+            if t in d.resident:
                 d.free(t)
         for j in d.expiry.pop(p, ()):
             d.unmark_evicted(j)   # nothing left to recompute through it: out of its class
-    for t in kept:
+    d.keep_data = False
+    for t in sorted(d.kept_data):
         if t in d.resident:
             d.free(t)
+    d.infeasible = reason
     return d
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
 def plan_dtr(ctx: PlanContext) -> Schedule:
-    ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes)
+    ops, stats, reason = plan_dtr_ops(ctx.graph, ctx.capacity_bytes,
+                                      thrash_limit=ctx.thrash_limit)
     return finishing.finish("dtr", ctx.graph, ops, ctx.budget_bytes, stats, reason)

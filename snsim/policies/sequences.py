@@ -80,8 +80,9 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
                 frees[q].append(t)
             last[t] = p
             uses[t].append(p)
+    holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
     for t, q in last.items():
-        frees[q].append(t)
+        frees[max(q, holds.get(t, -1))].append(t)
     return uses, frees
 
 

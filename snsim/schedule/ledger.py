@@ -72,6 +72,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     n_steps = len(steps)
     needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.size
     layers = graph.layers
+    remade = graph.multi_result
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -131,9 +132,11 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                     nbytes += size(t)
                 elif s == INBOUND:
                     fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
-                elif t[0] != "S":
+                elif t[0] != "S" and not (op.phase == "R" and op.layer in remade):
                     fail(k, f"allocates {tensor_name(t)}, which is already resident")
-                # a resident S (saved extras re-made by a recompute) is overwritten in place
+                # a resident S (saved extras re-made by a recompute), or a resident result
+                # of an op with several (its recompute returns them all), is overwritten
+                # in place
             append((nbytes + graph.param_grad_bytes(step),
                     workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
         elif tp is Free:
@@ -261,7 +264,8 @@ def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
     cached = schedule.checked
     if cached is not None and cached[0] is graph and cached[1] == len(schedule.ops):
         return cached[2]
-    out = walk(graph, schedule.ops, schedule.policy)
+    # an infeasible plan may stop where it failed: its ops are a prefix of the route
+    out = walk(graph, schedule.ops, schedule.policy, route=schedule.infeasible_reason is None)
     schedule.checked = (graph, len(schedule.ops), out)
     return out
 

@@ -124,6 +124,7 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             raise TraceError(f"{where}, field grad_bytes: {raw['grad_bytes']} is more than "
                              f"output_bytes {raw['output_bytes']} (a gradient is at most the "
                              "output's size)")
+        _oplog_check(raw, idx, layers, where)
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
             raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
     if layers[0]["inputs"]:
@@ -134,6 +135,30 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
         for key in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
             if not math.isfinite(dev[key]):
                 raise TraceError(f"{label}: field device.{key}: bandwidth must be finite")
+
+
+def _oplog_check(raw: dict[str, Any], idx: int, layers: list, where: str) -> None:
+    """The op-log fields (docs/DESIGN.md, "Op-log traces") where a layer has them."""
+    sizes = raw.get("output_sizes")
+    if sizes is not None and sum(sizes) != raw["output_bytes"]:
+        raise TraceError(f"{where}, field output_sizes: they sum to {sum(sizes)}, "
+                         f"not output_bytes {raw['output_bytes']}")
+    for key in ("input_results", "alias_of"):
+        for pair in raw.get(key, ()):
+            if len(pair) != 2:
+                raise TraceError(f"{where}, field {key}: {pair} is not a [layer, result] pair")
+            j, k = pair
+            if j not in raw["inputs"]:
+                raise TraceError(f"{where}, field {key}: layer {j} is not one of its inputs")
+            if k and k >= len(layers[j].get("output_sizes", ())):
+                raise TraceError(f"{where}, field {key}: layer {j} has no result {k}")
+    rels = raw.get("output_released_after")
+    if rels is not None and len(rels) != len(sizes or ()):
+        raise TraceError(f"{where}, field output_released_after: one per output_sizes entry")
+    for rel in ([raw["released_after"]] if "released_after" in raw else []) + (rels or []):
+        if not idx <= rel < len(layers):
+            raise TraceError(f"{where}, field released_after: {rel} must be a layer id "
+                             f"from {idx} to {len(layers) - 1}")
 
 
 _READS: dict[tuple, frozenset[str]] = {}   # bwd_reads lists -> one shared frozenset each

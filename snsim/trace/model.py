@@ -128,15 +128,17 @@ class Trace:
 
     @property
     def static_bytes(self) -> int:
-        """Weights, weight gradients (unless born in backward: ``set-to-none``) and
-        the optimizer's state (unless offloaded to the host), resident for the
-        whole iteration."""
+        """Weights, weight gradients (unless born in backward: ``set-to-none``),
+        the optimizer's state (unless offloaded to the host), and an op log's
+        constants (``constant_bytes``, docs/DESIGN.md "Op-log traces"), resident
+        for the whole iteration."""
+        constants = int(self.extra.get("constant_bytes", 0))
         t = self.training
         if t is None:
-            return 2 * self.param_bytes
+            return 2 * self.param_bytes + constants
         grads = 0 if t.set_to_none else self.param_bytes
         state = 0 if t.offload else self.optimizer_state_bytes   # offloaded: on the host
-        return self.param_bytes + grads + state
+        return self.param_bytes + grads + state + constants
 
     def with_training(self, t: training_state.Training | None) -> "Trace":
         """This trace with ``training`` replaced (None removes it)."""
