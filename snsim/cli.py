@@ -61,11 +61,8 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
 def _run_policies(graph, policy: str, budget: int | None, record: bool,
                   options: dict | None = None, progress: bool = False):
     from snsim import policies
-    from snsim.policies.base import PlanContext
-    from snsim.schedule import verify
-    from snsim.sim import simulate
-
-    from snsim.policies.base import trace_features
+    from snsim.evaluate import evaluate
+    from snsim.policies.base import PlanContext, trace_features
 
     names = policies.names() if policy == "all" else [policies.get(policy).name]
     if policy == "all":  # only the policies this trace can be planned with
@@ -82,9 +79,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool,
 
         names = tqdm(names, desc="policies", unit="policy", leave=False, file=sys.stderr)
     for name in names:
-        schedule = policies.plan(name, ctx)
-        verify(graph, schedule)
-        results.append(simulate(graph, schedule, budget, record=record))
+        results.append(evaluate(graph, name, budget, record=record, context=ctx).result)
     return results
 
 
