@@ -202,6 +202,15 @@ def _add_validate(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_search(sub) -> None:
+    from snsim.search.command import add_arguments, run
+
+    p = sub.add_parser("search", help="capacity search: deepest ResNet or largest batch a "
+                       "policy fits")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -258,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_profile(sub)
     _add_validate(sub)
+    _add_search(sub)
     return parser
 
 
