@@ -211,6 +211,14 @@ def _add_search(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_experiment(sub) -> None:
+    from snsim.experiments.command import add_arguments, run
+
+    p = sub.add_parser("experiment", help="run a paper-style experiment (CSV, PNG, PDF)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -268,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(sub)
     _add_validate(sub)
     _add_search(sub)
+    _add_experiment(sub)
     return parser
 
 

@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -46,6 +46,9 @@ class TraceSpec:
     stages: tuple[int, ...] | None = None
     batch: int | None = None
     device_model: str | None = None
+    # a copy of the generated document on disk (a sweep writes one for traces that
+    # need torch, so workers read it instead of profiling); not part of the point
+    copy_path: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         need = {"file": ("path",), "resnet": ("stages", "batch", "device_model"),
@@ -64,6 +67,8 @@ class TraceSpec:
 
     def document(self) -> dict[str, Any]:
         """The trace document (generated kinds)."""
+        if self.copy_path is not None:
+            return json.loads(Path(self.copy_path).read_text(encoding="utf-8"))
         if self.kind == "resnet":
             from snsim.search.resnet import resnet_doc
 
@@ -84,6 +89,7 @@ class Point:
     def config(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["trace"]["stages"] = list(self.trace.stages) if self.trace.stages else None
+        del d["trace"]["copy_path"]
         return d
 
 
@@ -211,7 +217,7 @@ def run_sweep(points: Sequence[Point], cache_dir: str | Path, *, workers: int = 
             on_point(i, row)
 
     try:
-        _dispatch([(i, points[i]) for i in todo], done, workers, scheduler)
+        _dispatch([(i, _portable(points[i], cache)) for i in todo], done, workers, scheduler)
     finally:
         if bar is not None:
             bar.close()
@@ -219,35 +225,60 @@ def run_sweep(points: Sequence[Point], cache_dir: str | Path, *, workers: int = 
     return SweepResult(table, len(todo), cached)
 
 
+def _portable(point: Point, cache: Path) -> Point:
+    """``point`` with its trace readable by any worker without torch: a generated
+    document that needs the profiler is written once into ``cache/traces``."""
+    from snsim.search.models import needs_profile
+
+    spec = point.trace
+    if spec.kind != "model" or not needs_profile(spec.model) or spec.copy_path:
+        return point
+    from snsim.fileio import write_json
+
+    path = cache / "traces" / f"{spec.label()}-{trace_sha256(spec)[:16]}.json"
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        write_json(path, spec.document())
+    return dataclasses.replace(point, trace=dataclasses.replace(spec, copy_path=str(path)))
+
+
 def _dispatch(items: list[tuple[int, Point]], done, workers: int,
               scheduler: str | None) -> None:
+    map_tasks(evaluate_point, items, done, workers, scheduler)
+
+
+def map_tasks(fn: Callable, items: list[tuple[Any, Any]], done: Callable[[Any, Any], None],
+              workers: int = 1, scheduler: str | None = None) -> None:
+    """``done(tag, fn(arg))`` for each ``(tag, arg)``, as results arrive: in this
+    process, on ``workers`` local processes, or on the Dask cluster at
+    ``scheduler``.  ``fn`` must be a module-level function (it is pickled)."""
     if not items:
         return
     if scheduler is not None:
-        _on_dask(items, done, scheduler)
-    elif workers == 1:
-        for i, p in items:
-            done(i, evaluate_point(p))
+        _on_dask(fn, items, done, scheduler)
+    elif workers == 1 or len(items) == 1:
+        for tag, arg in items:
+            done(tag, fn(arg))
     else:
-        _on_processes(items, done, workers)
+        _on_processes(fn, items, done, workers)
 
 
-def _on_processes(items, done, workers: int) -> None:
+def _on_processes(fn, items, done, workers: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # forkserver: workers start clean (no copied threads or locks), and once
+    # forkserver: workers start clean (no copied threads or locks)
     ctx = multiprocessing.get_context("forkserver")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx)
     try:
-        futures = {pool.submit(evaluate_point, p): i for i, p in items}
+        futures = {pool.submit(fn, arg): tag for tag, arg in items}
         for fut in as_completed(futures):
             done(futures[fut], fut.result())
-    finally:  # on Ctrl-C: finished points are on disk; drop the rest
+    finally:  # on Ctrl-C: finished results are delivered; drop the rest
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_dask(items, done, scheduler: str) -> None:
+def _on_dask(fn, items, done, scheduler: str) -> None:
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
@@ -258,8 +289,8 @@ def _on_dask(items, done, scheduler: str) -> None:
     except (OSError, TimeoutError) as exc:
         raise SnsimError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
     try:
-        futures = [client.submit(evaluate_point, p, pure=False) for _, p in items]
-        index = {f.key: i for f, (i, _) in zip(futures, items)}
+        futures = [client.submit(fn, arg, pure=False) for _, arg in items]
+        index = {f.key: tag for f, (tag, _) in zip(futures, items)}
         for fut in as_completed(futures):
             done(index[fut.key], fut.result())
     finally:

@@ -46,8 +46,7 @@ def _profiled(model: str, batch: int, device_model: str) -> dict[str, Any]:
     return profiler.profile(model, batch, device_model=device_model)
 
 
-def batch_doc(model: str, batch: int, device_model: str) -> dict[str, Any]:
-    """The modeled trace document of zoo ``model`` at ``batch`` on ``device_model``."""
+def _resnet_stages(model: str):
     stages = ZOO_RESNETS.get(model)
     m = re.fullmatch(r"resnet-(\d+)", model)
     if stages is None and m:
@@ -55,6 +54,17 @@ def batch_doc(model: str, batch: int, device_model: str) -> dict[str, Any]:
             stages = stage_config(int(m.group(1)))
         except ValueError:
             stages = None
+    return stages
+
+
+def needs_profile(model: str) -> bool:
+    """Whether ``model``'s traces come from torch (not from shape arithmetic)."""
+    return _resnet_stages(model) is None
+
+
+def batch_doc(model: str, batch: int, device_model: str) -> dict[str, Any]:
+    """The modeled trace document of zoo ``model`` at ``batch`` on ``device_model``."""
+    stages = _resnet_stages(model)
     if stages is not None:
         return resnet_doc(stages, batch, device_model, model=model)
     return at_batch(_profiled(model, 1, device_model), _profiled(model, 2, device_model), batch)
