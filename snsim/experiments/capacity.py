@@ -62,7 +62,7 @@ def run_max_depth(opts: Options) -> Outcome:
 
     batch = 16
     pols = ["none", "liveness", "superneurons"] if opts.quick else policies.names()
-    budget = 4 * GiB if opts.quick else None  # quick: smaller networks, seconds
+    budget = 6 * GiB if opts.quick else None  # quick: smaller networks, seconds
     table = pd.DataFrame(_run(opts, "depth", {f"b{batch}": batch}, pols, budget))
     table.insert(1, "batch", batch)
     for col in ("depth", "first_failing_depth"):

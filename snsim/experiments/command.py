@@ -13,7 +13,8 @@ from snsim.errors import SnsimError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run a paper-style experiment: a tidy CSV, a PNG, a PDF and the "
                           "resolved configuration in --out.")
-    parser.add_argument("name", nargs="?", help="experiment name (see --list)")
+    parser.add_argument("name", nargs="?", help="experiment name (see --list), or 'all' "
+                        "(every experiment, one after another in this process)")
     parser.add_argument("--list", action="store_true", help="list the experiments")
     parser.add_argument("--out", default="experiments-out", metavar="DIR",
                         help="output folder, created if missing (default: %(default)s)")
@@ -36,7 +37,7 @@ def run(args) -> int:
         return 0
     if not args.name:
         raise SnsimError("experiment needs a NAME or --list; choose from: " + ", ".join(names()))
-    if args.name not in EXPERIMENTS:
+    if args.name != "all" and args.name not in EXPERIMENTS:
         raise SnsimError(f"unknown experiment {args.name!r}; choose from: " + ", ".join(names()))
     if args.workers < 1:
         raise SnsimError(f"--workers must be at least 1, got {args.workers}")
@@ -51,14 +52,18 @@ def run(args) -> int:
         raise SnsimError(f"cannot make --out {out}: {exc.strerror or exc}") from None
     from snsim.fileio import check_writable
 
-    check_writable(out / f"{args.name}.csv")
+    check_writable(out / "experiment.csv")
     opts = Options(out, args.quick, args.workers, args.scheduler,
                    not args.no_progress and sys.stderr.isatty())
-    t0 = time.perf_counter()
-    outcome = EXPERIMENTS[args.name].load()(opts)
-    paths = save(args.name, outcome, opts)
-    if outcome.summary:
-        print(outcome.summary)
-    print(f"{args.name}: {len(outcome.table)} rows in {time.perf_counter() - t0:.1f} s; "
-          f"wrote {', '.join(str(p) for p in paths)}")
+    start = time.perf_counter()
+    for name in names() if args.name == "all" else [args.name]:
+        t0 = time.perf_counter()
+        outcome = EXPERIMENTS[name].load()(opts)
+        paths = save(name, outcome, opts)
+        if outcome.summary:
+            print(outcome.summary)
+        print(f"{name}: {len(outcome.table)} rows in {time.perf_counter() - t0:.1f} s; "
+              f"wrote {', '.join(str(p) for p in paths)}", flush=True)
+    if args.name == "all":
+        print(f"all experiments: {time.perf_counter() - start:.1f} s")
     return 0
