@@ -83,3 +83,16 @@ def test_out_that_is_a_file(capsys, tmp_path):
 def test_every_entry_loads():
     for e in EXPERIMENTS.values():
         assert callable(e.load())
+
+
+def test_experiment_on_a_dask_cluster(tmp_path, capsys):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  protocol="tcp", host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        assert main(["experiment", "budget-sweep", "--quick", "--out", str(tmp_path),
+                     "--scheduler", cluster.scheduler_address, "--no-progress"]) == 0
+    t = pd.read_csv(tmp_path / "budget-sweep.csv")
+    assert len(t) == 15 and t.feasible.any()
+    cfg = json.loads((tmp_path / "budget-sweep.config.json").read_text())
+    assert cfg["config"]["scheduler"] == cluster.scheduler_address

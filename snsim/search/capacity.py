@@ -5,7 +5,10 @@ or the batch) by doubling from 1 until the policy fails, then bisects between
 the last success and the first failure, so the answer is the largest size that
 fits (the policy is assumed monotone in the size: a larger network never fits
 where a smaller one does not).  A probe whose lower bound exceeds the budget
-fails without planning (no schedule can fit it).  Every probe is one
+fails without planning (no schedule can fit it); when the doubling ends so,
+the size where the bound crosses the budget is found from graphs alone and
+the policy tried there first, so a policy that reaches the bound needs no
+bisection.  Every probe is one
 :func:`snsim.evaluate.evaluate` point; the result carries the last feasible
 evaluation and the first failing size with its reason.
 """
@@ -80,28 +83,29 @@ def search(policy: str, what: str, graph_of: Callable[[int], Graph],
 
     good: Probe | None = None
     bad = run(start)
-    if bad.feasible:
-        # No schedule goes below the lower bound: bracket by it first (a graph per
-        # probe, no planning), then try the policy at the largest size it allows;
-        # the policies that reach the bound finish there.
+    x = start
+    while bad.feasible:  # doubling: small sizes first, each cheap
         good = bad
-        top = _largest_within_bound(graph_of, budget_bytes, start)
-        if top >= MAX_SIZE:
-            raise ValueError(f"{policy} fits {what} {label(top)}: the search stops at "
+        if x >= MAX_SIZE:
+            raise ValueError(f"{policy} fits {what} {label(x)}: the search stops at "
                              f"{MAX_SIZE} (is the budget meant to be this large?)")
-        at_top = run(top) if top > start else None
-        if at_top is None or at_top.feasible:
-            good = at_top or good
-            bad = Probe(top + 1, False, _over_bound(graph_of(top + 1), budget_bytes), None)
-            probes.append(bad)
+        x = min(2 * x, MAX_SIZE)
+        bad = run(x)
+    if good is not None and bad.evaluation is None:
+        # It failed on the lower bound alone, which no schedule goes below: find where
+        # the bound crosses the budget (graphs only, no planning) and try the policy
+        # there; the policies that reach the bound stop at once.
+        top = _largest_within_bound(graph_of, budget_bytes, good.size, bad.size)
+        if top > good.size:
+            at_top = run(top)
+            if at_top.feasible:
+                good = at_top
+                bad = Probe(top + 1, False, _over_bound(graph_of(top + 1), budget_bytes),
+                            None)
+            else:
+                bad = at_top
         else:
-            bad, x = at_top, start
-            while 2 * x < top:  # doubling below the bound's bracket
-                p = run(2 * x)
-                if not p.feasible:
-                    bad = p
-                    break
-                good, x = p, 2 * x
+            bad = Probe(top + 1, False, _over_bound(graph_of(top + 1), budget_bytes), None)
     while good is not None and bad.size - good.size > 1:
         mid = run((good.size + bad.size) // 2)
         if mid.feasible:
@@ -124,30 +128,16 @@ def _over_bound(graph: Graph, budget_bytes: int | None) -> str | None:
     return None
 
 
-def _largest_within_bound(graph_of, budget_bytes, start: int) -> int:
-    """Largest size >= ``start`` whose lower bound fits the budget.
+def _largest_within_bound(graph_of, budget_bytes, lo: int, hi: int) -> int:
+    """Largest size in [lo, hi) whose lower bound fits (``lo`` fits, ``hi`` does not).
 
     The lower bound of these families is close to affine in the size (static
     memory grows with it, the largest step is fixed), so the probes are placed
     by linear interpolation on the bound, every other step a bisection (which
     keeps the worst case logarithmic)."""
-    def lb(x: int) -> int:
-        return graph_of(x).lower_bound_bytes
-
-    g = graph_of(start)
+    g = graph_of(lo)
     cap = _cap(g, budget_bytes)
-    lo, lb_lo = start, g.lower_bound_bytes
-    x = 2 * start
-    while True:  # extrapolate upwards until the bound is exceeded
-        lb_x = lb(x)
-        if lb_x > cap:
-            hi, lb_hi = x, lb_x
-            break
-        slope = (lb_x - lb_lo) / (x - lo)
-        guess = x + int((cap - lb_x) / slope) + 1 if slope > 0 else 2 * x
-        lo, lb_lo, x = x, lb_x, min(max(guess, x + 1), MAX_SIZE)
-        if lo >= MAX_SIZE:
-            return MAX_SIZE
+    lb_lo, lb_hi = g.lower_bound_bytes, graph_of(hi).lower_bound_bytes
     step = 0
     while hi - lo > 1:
         if step % 2 == 0 and lb_hi > lb_lo:
@@ -155,7 +145,7 @@ def _largest_within_bound(graph_of, budget_bytes, start: int) -> int:
             mid = min(max(mid, lo + 1), hi - 1)
         else:
             mid = (lo + hi) // 2
-        lb_mid = lb(mid)
+        lb_mid = graph_of(mid).lower_bound_bytes
         if lb_mid <= cap:
             lo, lb_lo = mid, lb_mid
         else:
