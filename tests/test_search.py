@@ -124,6 +124,7 @@ def test_search_json(capsys):
     (["max-depth", "--budget", "1.5xlb"], "a size"),
     (["max-depth", "--device-model", "tpu9"], "tpu9"),
     (["max-batch"], "--model"),
+    (["max-batch", "--model", "nonesuch"], "unknown model"),
 ])
 def test_search_bad_input_is_one_line(capsys, argv, words):
     assert main(["search", *argv]) == 2

@@ -87,7 +87,9 @@ def _many():
 
 
 def test_killed_sweep_process_resumes(tmp_path):
-    """A real Ctrl-C (SIGINT) to a sweep on two worker processes, mid-run."""
+    """A real Ctrl-C (SIGINT to the whole process group, as a terminal sends it) to a
+    sweep on two worker processes, mid-run."""
+    import os
     import signal
     import subprocess
     import sys
@@ -96,11 +98,12 @@ def test_killed_sweep_process_resumes(tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
             "from test_sweep import _many\nfrom snsim.sweep import run_sweep\n"
             f"run_sweep(_many(), {str(tmp_path / 'c')!r}, workers=2, progress=False)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(list((tmp_path / "c").glob("*.json"))) < 3:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err  # it was stopped mid-run
     kept = {p.name for p in (tmp_path / "c").glob("*.json")}
