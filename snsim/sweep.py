@@ -263,19 +263,30 @@ def map_tasks(fn: Callable, items: list[tuple[Any, Any]], done: Callable[[Any, A
         _on_processes(fn, items, done, workers)
 
 
+def _ignore_sigint() -> None:
+    """Worker initializer: Ctrl-C is the parent's to handle (a worker killed by it
+    mid-task can leave the pool hung); a worker finishes its point and exits."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _on_processes(fn, items, done, workers: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # forkserver: workers start clean (no copied threads or locks)
     ctx = multiprocessing.get_context("forkserver")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
+                               initializer=_ignore_sigint)
+    finished = False
     try:
         futures = {pool.submit(fn, arg): tag for tag, arg in items}
         for fut in as_completed(futures):
             done(futures[fut], fut.result())
+        finished = True
     finally:  # on Ctrl-C: finished results are delivered; drop the rest
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=finished, cancel_futures=True)
 
 
 def _on_dask(fn, items, done, scheduler: str) -> None:

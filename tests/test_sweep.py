@@ -106,11 +106,11 @@ def test_killed_sweep_process_resumes(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err  # it was stopped mid-run
+    assert not list((tmp_path / "c").glob(".*"))  # no temporary file left behind
     kept = {p.name for p in (tmp_path / "c").glob("*.json")}
     assert 3 <= len(kept) < len(_many())
     for p in (tmp_path / "c").glob("*.json"):
         json.loads(p.read_text())  # every file whole
-    assert not list((tmp_path / "c").glob(".*"))  # no temporary left behind
     res = run_sweep(_many(), tmp_path / "c", progress=False)
     assert res.cached == len(kept) and res.cached + res.computed == len(_many())
 
