@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from pathlib import Path
 
+from snsim.evaluate import evaluate
 from snsim.graph import Graph
-from snsim.policies import plan
-from snsim.policies.base import PlanContext
-from snsim.sim import simulate
 from snsim.trace.io import load
 
 FACTORS = (1.05, 1.1, 1.25, 1.5, 2.0, 3.0)
@@ -59,15 +56,13 @@ def main() -> int:
         g = Graph(load(str(path)))
         for f in factors:
             budget = int(f * g.lower_bound_bytes)
-            t0 = time.perf_counter()
-            s = plan("optimal", PlanContext(g, budget, {"time_limit": args.time_limit}))
-            wall = time.perf_counter() - t0
-            r = simulate(g, s, budget, record=False)
+            e = evaluate(g, "optimal", budget, options={"time_limit": args.time_limit})
+            s, r, wall = e.schedule, e.result, e.plan_s
             st = s.stats
             opt = r.iteration_ms if r.feasible else None
             cols = []
             for h in HEURISTICS:
-                hr = simulate(g, plan(h, PlanContext(g, budget)), budget, record=False)
+                hr = evaluate(g, h, budget).result
                 cols.append(hr.iteration_ms / opt if hr.feasible and opt else None)
             gap = st.get("optimality_gap")
             status = str(st.get("status", "-"))

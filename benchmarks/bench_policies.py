@@ -3,7 +3,7 @@
 
 1. ResNet-2500-shaped trace (``synth.resnet((6, 32, 788, 6))``, batch 32,
    about 10^4 layers) under ``superneurons`` at the device budget: wall time of
-   plan + simulate (target: at most 1 s on the 2-core machine).
+   plan + verify + simulate (target: at most 1 s on the 2-core machine).
 2. Per network (shaped traces of the paper's networks, then the profiler's
    modeled K40c traces in traces/): every policy's
    smallest feasible budget over the lower bound (bisection), and iteration
@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from pathlib import Path
 
 from snsim import synth
 from snsim.graph import Graph
-from snsim.policies import names, plan
-from snsim.policies.base import PlanContext
-from snsim.sim import simulate
+from snsim.evaluate import evaluate
+from snsim.policies import names
 from snsim.trace.io import load
 
 FACTORS = (1.05, 1.1, 1.25, 1.5, 2.0, 3.0)
@@ -88,7 +86,7 @@ NETS = {
 
 
 def run(g: Graph, policy: str, budget: int | None):
-    return simulate(g, plan(policy, PlanContext(g, budget)), budget, record=False)
+    return evaluate(g, policy, budget).result
 
 
 def smallest_budget(g: Graph, policy: str, hi: int, steps: int = 14) -> float | None:
@@ -118,12 +116,9 @@ def bench_resnet2500(repeats: int) -> None:
         g = Graph(trace)
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            s = plan("superneurons", PlanContext(g))
-            t1 = time.perf_counter()
-            r = simulate(g, s, record=False)
-            t2 = time.perf_counter()
-            times.append((t1 - t0, t2 - t1))
+            e = evaluate(g, "superneurons")
+            s, r = e.schedule, e.result
+            times.append((e.plan_s, e.simulate_s))
         tp = statistics.median(t for t, _ in times)
         ts = statistics.median(t for _, t in times)
         print(f"{label}: {g.n} layers, {len(s.ops)} ops, budget = device "

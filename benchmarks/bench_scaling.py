@@ -21,10 +21,9 @@ import time
 
 from snsim import synth
 from snsim.graph import Graph
-from snsim.policies import names, plan
+from snsim.evaluate import evaluate
+from snsim.policies import names
 from snsim.policies.base import PlanContext
-from snsim.schedule import verify
-from snsim.sim import simulate
 
 FACTORS = (1.05, 1.5)
 
@@ -63,9 +62,7 @@ def main() -> None:
             ctx = PlanContext(g, budget)
             for p in pols:
                 t0 = time.perf_counter()
-                s = plan(p, ctx)
-                verify(g, s)
-                r = simulate(g, s, budget, record=False)
+                r = evaluate(g, p, budget, context=ctx).result
                 dt = time.perf_counter() - t0
                 times[(p, f)].append(dt)
                 feas[(p, f)].append(r.feasible)

@@ -62,11 +62,8 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool,
                   options: dict | None = None, progress: bool = False,
                   thrash_limit: float = 2.0):
     from snsim import policies
-    from snsim.policies.base import PlanContext
-    from snsim.schedule import verify
-    from snsim.sim import simulate
-
-    from snsim.policies.base import trace_features
+    from snsim.evaluate import evaluate
+    from snsim.policies.base import PlanContext, trace_features
 
     names = policies.names() if policy == "all" else [policies.get(policy).name]
     if policy == "all":  # only the policies this trace can be planned with
@@ -83,9 +80,7 @@ def _run_policies(graph, policy: str, budget: int | None, record: bool,
 
         names = tqdm(names, desc="policies", unit="policy", leave=False, file=sys.stderr)
     for name in names:
-        schedule = policies.plan(name, ctx)
-        verify(graph, schedule)
-        results.append(simulate(graph, schedule, budget, record=record))
+        results.append(evaluate(graph, name, budget, record=record, context=ctx).result)
     return results
 
 
@@ -244,6 +239,23 @@ def _add_validate(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_search(sub) -> None:
+    from snsim.search.command import add_arguments, run
+
+    p = sub.add_parser("search", help="capacity search: deepest ResNet or largest batch a "
+                       "policy fits")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_experiment(sub) -> None:
+    from snsim.experiments.command import add_arguments, run
+
+    p = sub.add_parser("experiment", help="run a paper-style experiment (CSV, PNG, PDF)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -323,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     from snsim.importers.command import add_arguments as add_import
 
     add_import(sub)
+    _add_search(sub)
+    _add_experiment(sub)
     return parser
 
 

@@ -54,12 +54,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                                    dir=folder)
     except OSError as exc:
         raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
-    os.close(fd)
     tmp_path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give a normal file's mode
-    try:
+    try:  # from here on an interrupt (Ctrl-C) removes the temporary file too
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give a normal file's mode
         yield tmp_path
         try:
             os.replace(tmp_path, target)
@@ -86,8 +86,10 @@ def check_writable(path: str | os.PathLike) -> Path:
         fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
     except OSError as exc:
         raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
-    os.close(fd)
-    os.unlink(probe)
+    try:
+        os.close(fd)
+    finally:  # an interrupt here leaves no probe behind
+        os.unlink(probe)
     return folder
 
 

@@ -118,7 +118,9 @@ def test_no_package_cycle():
 
 TORCH_FREE = ("snsim.trace", "snsim.graph", "snsim.schedule", "snsim.policies", "snsim.sim",
               "snsim.units", "snsim.errors", "snsim.fileio", "snsim.synth", "snsim.report",
-              "snsim.plots", "snsim.devices", "snsim.whatif", "snsim")
+              "snsim.plots", "snsim.devices", "snsim.whatif", "snsim.evaluate", "snsim.search",
+              "snsim.sweep",
+              "snsim")
 
 FORBIDDEN = [
     # (importer unit prefix, imported unit prefix, why)

@@ -144,18 +144,11 @@ def predict(graph, policy: str, budget: int | None):
     """(schedule, simulated result) of ``policy``; ``best`` is the policy the
     simulator ranks first under the budget (each policy planned once)."""
     from snsim import policies
-    from snsim.policies.base import PlanContext
+    from snsim.evaluate import evaluate_many
     from snsim.report import rank
-    from snsim.schedule import verify
-    from snsim.sim import simulate
 
-    ctx = PlanContext(graph, budget)
     names = policies.names() if policy == "best" else [policies.get(policy).name]
-    runs = {}
-    for name in names:
-        schedule = policies.plan(name, ctx)
-        verify(graph, schedule)
-        runs[name] = (schedule, simulate(graph, schedule, budget, record=False))
+    runs = {e.policy: (e.schedule, e.result) for e in evaluate_many(graph, names, budget)}
     return runs[rank([r for _, r in runs.values()])[0].policy]
 
 

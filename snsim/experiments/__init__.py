@@ -1,0 +1,43 @@
+"""Paper-style experiments (``snsim experiment NAME``): each returns a tidy table
+and draws its figure from that table; :mod:`snsim.experiments.base` writes the
+CSV, PNG, PDF and resolved configuration.  The registry below is the one list."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    module: str     # snsim.experiments.<module> defines run_<name with _ for ->
+    summary: str
+
+    def load(self):
+        mod = importlib.import_module(f"snsim.experiments.{self.module}")
+        return getattr(mod, "run_" + self.name.replace("-", "_"))
+
+
+EXPERIMENTS = {e.name: e for e in (
+    Entry("peak-memory", "memory", "peak memory per network under none, liveness, utp, "
+          "cost-aware, superneurons; lower bound marked (12 GB K40c model)"),
+    Entry("memory-timeline", "timeline", "memory over one iteration per policy, ResNet-50"),
+    Entry("max-depth", "capacity", "deepest ResNet per policy in 12 GB (K40c model), ratio "
+          "to liveness, time per iteration at each policy's deepest"),
+    Entry("max-batch", "capacity", "largest batch per network per policy in 12 GB"),
+    Entry("throughput", "throughput", "samples/s against batch per policy; speed-, memory- "
+          "and cost-aware recomputation side by side (extra compute, peak)"),
+    Entry("overlap", "timeline", "Gantt of the compute, H2D and D2H streams under utp "
+          "(stalls visible)"),
+    Entry("link-whatif", "throughput", "utp and superneurons throughput against host link "
+          "bandwidth (PCIe 3, 4, 5, a 450 GB/s coherent link)"),
+    Entry("fidelity", "fidelity", "predicted against measured, from the validation suite's "
+          "report"),
+    Entry("budget-sweep", "memory", "time over compute against budget over lower bound, "
+          "every policy, each network"),
+)}
+
+
+def names() -> list[str]:
+    return list(EXPERIMENTS)

@@ -1,0 +1,1 @@
+"""Capacity searches (``snsim search``): torch-free probe traces, doubling and bisection."""

@@ -1,0 +1,96 @@
+"""``snsim search max-depth | max-batch``: the capacity searches on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from snsim.errors import SnsimError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Largest network a policy fits in the budget: the deepest ResNet "
+                          "(family [6, 32, n, 6], depth 3n + 134, searched in n) or the "
+                          "largest batch of a zoo model; doubling, then bisection.")
+    parser.add_argument("what", choices=("max-depth", "max-batch"),
+                        help="max-depth: deepest ResNet; max-batch: largest batch of --model")
+    parser.add_argument("--policy", default="superneurons", help="policy (default: %(default)s)")
+    parser.add_argument("--device-model", default="k40c", metavar="PRESET",
+                        help="device preset the traces are modeled on (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="max-depth: batch size (default: %(default)s)")
+    parser.add_argument("--model", help="max-batch: zoo model name (ResNets need no torch)")
+    parser.add_argument("--budget", help="memory budget, e.g. 12GiB (default: the preset's "
+                        "memory)")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def check(args):
+    """Every argument checked before work: (budget bytes or None)."""
+    from snsim import devices, policies
+    from snsim.units import parse_size
+
+    policies.get(args.policy)
+    devices.get(args.device_model)
+    if args.what == "max-depth" and args.batch < 1:
+        raise SnsimError(f"--batch must be at least 1, got {args.batch}")
+    if args.what == "max-batch":
+        if not args.model:
+            raise SnsimError("max-batch needs --model NAME")
+        from snsim.search.models import check_model
+
+        check_model(args.model)
+    if args.budget is None:
+        return None
+    if args.budget.strip().lower().endswith("xlb"):
+        raise SnsimError("a search's budget is a size (e.g. 12GiB): each probe has its own "
+                         "lower bound")
+    return parse_size(args.budget)
+
+
+def run(args) -> int:
+    from snsim import policies
+    from snsim.search import models
+    from snsim.search.capacity import search
+    from snsim.search.resnet import depth_of
+
+    budget = check(args)
+    name = policies.get(args.policy).name
+    bar = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc=f"{args.what} {name}", unit="probe", leave=False, file=sys.stderr)
+
+    def on_probe(p):
+        if bar is not None:
+            bar.set_postfix_str(f"{p.size}: {'fits' if p.feasible else 'fails'}")
+            bar.update()
+    try:
+        if args.what == "max-depth":
+            res = search(name, "depth", models.depth_graph(args.batch, args.device_model),
+                         budget, depth_of, on_probe)
+        else:
+            res = search(name, "batch", models.batch_graph(args.model, args.device_model),
+                         budget, int, on_probe)
+    finally:
+        if bar is not None:
+            bar.close()
+    d = res.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    from snsim.units import fmt_bytes
+
+    size = "depth" if args.what == "max-depth" else "batch"
+    if d[size] is None:
+        print(f"{name}: fits no {size} >= the first probe; "
+              f"{d['first_failing']['reason']}")
+        return 0
+    print(f"{name}: largest {size} {d[size]} (peak {fmt_bytes(d['peak_bytes'])}, "
+          f"{d['iteration_ms']:.1f} ms/iteration, {d['samples_per_s']:.1f} samples/s); "
+          f"{size} {d['first_failing'][size]} fails: {d['first_failing']['reason']} "
+          f"({d['probes']} probes)")
+    return 0

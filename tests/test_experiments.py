@@ -1,0 +1,98 @@
+"""`snsim experiment`: the list, every experiment's --quick run with its four files,
+and bad input refused in one line before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from snsim.cli import main
+from snsim.experiments import EXPERIMENTS, names
+
+PAPER = ["peak-memory", "memory-timeline", "max-depth", "max-batch", "throughput", "overlap",
+         "link-whatif", "fidelity", "budget-sweep"]
+
+
+def test_list(capsys):
+    assert main(["experiment", "--list"]) == 0
+    out = capsys.readouterr()[0].splitlines()
+    assert [line.split()[0] for line in out] == names() == PAPER
+
+
+@pytest.fixture(scope="module")
+def quick_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp")
+    for name in names():  # in this process; they share the points' cache
+        assert main(["experiment", name, "--quick", "--out", str(out), "--workers", "1",
+                     "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_quick_run_writes_csv_png_pdf_config(quick_out, name):
+    t = pd.read_csv(quick_out / f"{name}.csv")
+    assert len(t) > 0
+    assert (quick_out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (quick_out / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
+    cfg = json.loads((quick_out / f"{name}.config.json").read_text())
+    assert cfg["config"]["experiment"] == name and cfg["config"]["quick"] is True
+    assert cfg["rows"] == len(t) and cfg["versions"]["snsim"]
+
+
+def test_quick_max_depth_separates_policies(quick_out):
+    t = pd.read_csv(quick_out / "max-depth.csv").set_index("policy")
+    d = t.depth.fillna(0)  # `none` fits no member of the family in the quick budget
+    assert d["superneurons"] > d["liveness"] > 0 and d["none"] <= d["liveness"]
+    for p in t.index:  # the first failing depth is the next one of the family
+        assert t.first_failing_depth[p] == (d[p] + 3 if d[p] else 137)
+    assert t.x_liveness["liveness"] == 1.0
+
+
+def test_quick_peak_memory_least_is_at_most_every_feasible_peak(quick_out):
+    t = pd.read_csv(quick_out / "peak-memory.csv")
+    ok = t[t.feasible]
+    least = ok[ok.least].set_index(["network", "policy"]).peak_bytes
+    assert (ok.peak_bytes.values >= least.reindex(
+        list(zip(ok.network, ok.policy))).values).all()
+    sn = ok[ok.least & (ok.policy == "superneurons")]
+    assert (sn.peak_bytes <= 1.0 * sn.lower_bound_bytes * 1.0 + 1).all()  # reaches the bound
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["nope"], "unknown experiment"),
+    ([], "NAME or --list"),
+    (["peak-memory", "--workers", "0"], "--workers"),
+    (["peak-memory", "--scheduler", "localhost:8786"], "tcp://"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, argv, words):
+    assert main(["experiment", *argv, "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and words in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_out_that_is_a_file(capsys, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["experiment", "overlap", "--out", str(f)]) == 2
+    assert "is a file" in capsys.readouterr()[1]
+
+
+def test_every_entry_loads():
+    for e in EXPERIMENTS.values():
+        assert callable(e.load())
+
+
+def test_experiment_on_a_dask_cluster(tmp_path, capsys):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  protocol="tcp", host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        assert main(["experiment", "budget-sweep", "--quick", "--out", str(tmp_path),
+                     "--scheduler", cluster.scheduler_address, "--no-progress"]) == 0
+    t = pd.read_csv(tmp_path / "budget-sweep.csv")
+    assert len(t) == 15 and t.feasible.any()
+    cfg = json.loads((tmp_path / "budget-sweep.config.json").read_text())
+    assert cfg["config"]["scheduler"] == cluster.scheduler_address
