@@ -23,6 +23,11 @@ def make(layers, model="t") -> Trace:
 @pytest.fixture
 def chain4() -> Trace:
     """data -> conv -> relu (reads output) -> loss."""
+    return make_chain4()
+
+
+def make_chain4() -> Trace:
+    """data X0 100 -> conv X1 200 (reads inputs) -> act X2 200 (reads output) -> loss X3 4."""
     return make([
         L(0, "data", [], 100),
         L(1, "conv", [0], 200, params=10, fwd=2.0, bwd=4.0, reads=["inputs"]),

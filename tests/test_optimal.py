@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from conftest import L, make
+from conftest import L, make, make_chain4
 from snsim.errors import PolicyError
 from snsim.graph import Graph, X
 from snsim.policies import get, names, plan, replay
@@ -32,12 +32,7 @@ SLOW = Device("slow link", 10**6, 2e4, 2e4)   # 100 bytes take 5 ms each way
 
 def chain4():
     """data X0 100 -> conv X1 200 (reads inputs) -> act X2 200 (reads output) -> loss X3 4."""
-    return make([
-        L(0, "data", [], 100),
-        L(1, "conv", [0], 200, params=10, fwd=2.0, bwd=4.0, reads=["inputs"]),
-        L(2, "act", [1], 200, fwd=1.0, bwd=1.0, reads=["output"]),
-        L(3, "loss", [2], 4, fwd=0.5, bwd=0.5, reads=["inputs"]),
-    ], "chain4")
+    return make_chain4()
 
 
 def chain5(device=None):
