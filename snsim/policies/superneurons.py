@@ -87,7 +87,8 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
         if reason is None and kind == "cache-only" and stats["evictions"] == 0:
             best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
             break
-        if kind == "cache-only":
+        if kind == "cache-only" and any(g.bwd_released(("B", i)) is not None
+                                        for i in range(g.n)):
             live = plan_liveness(PlanContext(g)).ops
             if ledger.planned_peak(g, live, cap)[1] is None:
                 # liveness fits once its backward steps hand their dying reads to

@@ -276,6 +276,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
     derived: dict[str, tuple[Callable[[], Any], list]] = {}
     placeholders = 0
     out_node = None
+    rewritten = False   # the graph gained unbind nodes [8]: its code is regenerated once
     for node in nodes:
         if progress is not None:
             progress(None)
@@ -302,6 +303,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
         if unbound is not None:
             _run_node(gm, unbound, env, node_layer, layers, static_ids, seen_params, memo,
                       derived)
+            rewritten = True
     outs = output_nodes(out_node)
     if not outs or not all(isinstance(env.get(n.name), torch.Tensor) for n in outs):
         got = env.get(getattr(out_node, "name", ""), out_node)
@@ -310,6 +312,8 @@ def _capture(gm, nodes, example, progress) -> Capture:
     ids = [node_layer[n.name] for n in outs]
     if any(i is None or i == 0 for i in ids):
         raise SnsimError("model output does not depend on its input")
+    if rewritten:
+        gm.recompile()
     _set_grad_bytes(nodes, env, node_layer, layers)
     _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
@@ -361,7 +365,6 @@ def _unbind_unpacking(gm: fx.GraphModule, node: fx.Node, env) -> fx.Node | None:
         unbound = gm.graph.call_function(torch.unbind, (node, 0))
     for u in items:
         u.args = (unbound, u.args[1])
-    gm.recompile()
     return unbound
 
 

@@ -106,18 +106,15 @@ class Program:
         with torch.no_grad():
             return fn(*args, **kwargs)
 
-    def _value(self, node: fx.Node, values: dict[int, Any], seen: dict | None = None) -> Any:
+    def _value(self, node: fx.Node, values: dict[int, Any], seen: dict) -> Any:
         """Value of ``node`` given the tensors of the layers in ``values``.
 
-        ``seen`` memoizes views within one layer's call: eager PyTorch computes
+        ``seen`` memoizes values within one layer's call: eager PyTorch computes
         ``qkv.permute(...)`` once for ``q``, ``k`` and ``v``, so its backward
         assembles their gradients once."""
-        if seen is not None and node.name in seen:
-            return seen[node.name]
-        value = self._value_of(node, values, {} if seen is None else seen)
-        if seen is not None:
-            seen[node.name] = value
-        return value
+        if node.name not in seen:
+            seen[node.name] = self._value_of(node, values, seen)
+        return seen[node.name]
 
     def _value_of(self, node: fx.Node, values: dict[int, Any], seen: dict) -> Any:
         if node.name in self._consts:
