@@ -39,6 +39,10 @@ def result(i: int, k: int) -> Tensor:
     return ("X", i) if k == 0 else (f"X{k}", i)
 
 
+# How a backward step contributes to an input's gradient (Graph.grad_plan)
+NEW, SHARE, ADD, COPY = "new", "share", "add", "copy"
+
+
 def tensor_name(t: Tensor) -> str:
     return f"{t[0]}{t[1]}" if len(t[0]) == 1 else f"{t[0]}.{t[1]}"
 
@@ -79,6 +83,7 @@ class Graph:
             owners = [c for c in self.consumers[j] if rg[c]]
             if rg[j] and owners:
                 self.grad_owner[j] = max(owners)
+        self._plan_gradients()
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
         self.result_bytes: dict[Tensor, int] = {}
@@ -126,7 +131,7 @@ class Graph:
         if not self.requires_grad[i]:
             return
         last = i == self.n - 1
-        needs: list[Tensor] = [] if last else [G(i)]
+        needs: list[Tensor] = [] if last else [self.grad_in[i]]
         if layer.saved_extra_bytes:
             needs.append(S(i))
         if layer.reads_inputs:
@@ -134,11 +139,65 @@ class Graph:
         if layer.reads_output:
             needs.append(X(i))
         allocs: list[Tensor] = [G(i)] if last else []
-        for j in ins:
-            if self.requires_grad[j]:
-                (allocs if self.grad_owner[j] == i else needs).append(G(j))
+        for _, mode, store, old in self.grad_plan[i]:
+            if mode in (NEW, COPY):
+                allocs.append(store)
+            if mode in (ADD, COPY):
+                needs.append(old)
         self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
         self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
+
+    def _plan_gradients(self) -> None:
+        """Which storage holds each ``G_j`` at each backward step (DESIGN 3,
+        "Gradient storage").
+
+        In route order: the first contributor to ``G_j`` makes it, in a new
+        buffer ``("G", j)`` (``NEW``) or, where autograd hands ``j`` the step's
+        own output gradient (``grad_shares``: ``add``, ``cat``), in that storage
+        (``SHARE``: nothing allocated).  A later contribution is added in place
+        (``ADD``) unless the storage is shared with another gradient still to be
+        read, or ``G_j`` is a part of it (a slice of ``cat``'s): then autograd
+        sums out of place into a new buffer ``("G", j)`` (``COPY``), as its
+        input buffers do.  Without ``grad_shares`` every ``G_j`` is ``("G", j)``
+        and this is the plain rule of section 3.
+        """
+        n, rg, layers = self.n, self.requires_grad, self.layers
+        cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
+        members: dict[Tensor, list[int]] = {}
+        self.grad_in: list[Tensor | None] = [None] * n
+        self.grad_plan: dict[int, tuple] = {}
+        for i in range(n - 1, -1, -1):
+            if not rg[i]:
+                continue
+            own = G(i) if i == n - 1 else cur.get(i)
+            if own is None:   # nothing reads this layer's output with a gradient
+                own = G(i)
+            self.grad_in[i] = own
+            shares = layers[i].extra.get("grad_shares", ())
+            plan = []
+            for j in dict.fromkeys(layers[i].inputs):
+                if not rg[j]:
+                    continue
+                if self.grad_owner[j] == i:
+                    if j in shares and i != n - 1:
+                        cur[j] = own
+                        plan.append((j, SHARE, own, None))
+                    else:
+                        cur[j] = G(j)
+                        plan.append((j, NEW, G(j), None))
+                    members.setdefault(cur[j], []).append(j)
+                    continue
+                old = cur[j]
+                part = self.size(old) != layers[j].gradient_bytes
+                shared = part or any(m != j and m < i and cur.get(m) == old
+                                     for m in members.get(old, ()))
+                if shared:
+                    cur[j] = G(j)
+                    members.setdefault(G(j), []).append(j)
+                    plan.append((j, COPY, G(j), old))
+                else:
+                    plan.append((j, ADD, old, old))
+            self.grad_plan[i] = tuple(plan)
 
     def needs(self, step: Step) -> tuple[Tensor, ...]:
         """Tensors that must be resident when ``step`` runs (read or accumulated)."""
@@ -254,7 +313,7 @@ class Graph:
         out = {}
         for k, step in enumerate(self.route):
             if step[0] == "B":
-                own = ("G", step[1])
+                own = self.grad_in[step[1]]
                 out[step] = frozenset(t for t in self.needs_map[step]
                                       if last.get(t) == k and t != own)
         return out

@@ -25,10 +25,17 @@ inputs and outputs).  The pieces that make that true:
     while copying), so copies overlap compute as in the simulator.  On CUDA:
     pinned host buffers and one copy stream per direction, with events, so
     compute waits only at the schedule's ``Wait``.
-[5] A gradient autograd hands to two inputs at once (``add`` passes it
-    through; ``cat`` returns slices of it) is copied, so that each ``G_j``
-    owns its memory as the trace's semantics count it, and accumulating
-    into one never writes into another.
+[5] Gradient storage follows the graph's plan (``Graph.grad_plan``, DESIGN
+    3): the store holds each gradient *storage* under its tensor name, and a
+    logical ``G_j`` is a view of one (``self.gview``: storage, shape, stride,
+    offset), re-read from the store when used, so offloading or freeing the
+    storage moves or frees every gradient in it.  Where the trace says
+    autograd hands ``j`` the step's own output gradient (``grad_shares``:
+    ``add``, ``cat``), ``G_j`` is the view autograd returned of that storage;
+    a contribution is added in place, or out of place into a new storage
+    where the plan says so.  Where the trace does not say so but autograd
+    returns one storage for two inputs, the gradient is copied, so that each
+    storage the trace counts is one.
 [6] A layer may return a tuple (``nn.LSTM``: ``(out, (h, c))``,
     ``nn.MultiheadAttention``: ``(out, weights)``): its ``X_i`` is the whole
     tuple (the trace's ``output_bytes`` counts every tensor of it) and its
@@ -41,7 +48,15 @@ inputs and outputs).  The pieces that make that true:
     the ones liveness frees there) to autograd before it runs: the saved
     records stop reading them from the store and hold them, once, so each is
     freed when the autograd node that saved it has run, as in a plain
-    ``loss.backward()``; the schedule's frees of them are then no-ops.
+    ``loss.backward()``; the schedule's frees of them are then no-ops.  The
+    step's own ``G_i``, when the schedule frees it right after, is released
+    once the first node has used it (a hook on that node frees its storage),
+    unless that node passes it on: autograd keeps it no longer.
+[8] Parameter gradients go into ``.grad`` as autograd makes them, through a
+    hook on each parameter, not as results of ``torch.autograd.grad``: a
+    whole-module layer (``nn.TransformerEncoderLayer``) would otherwise hold
+    every parameter's gradient until its backward ends, where
+    ``loss.backward()`` adds each into ``.grad`` and drops it at once.
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
 from snsim.execute import optim
-from snsim.graph import Graph, tensor_name
+from snsim.graph import ADD, COPY, SHARE, Graph, tensor_name
 from snsim.schedule.ledger import dying_reads, effects, hands_over
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
@@ -250,6 +265,7 @@ class Executor:
         self.events: dict = {}
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
+        self.gview: dict[int, tuple] = {}  # logical G_j -> (storage, size, stride, offset) [5]
         self.skeletons: dict = {}         # tuple-valued key -> its structure, for prefetch
         for k, op in enumerate(self.schedule.ops):
             if hook is not None:
@@ -386,10 +402,12 @@ class Executor:
         if self.force_hand_over:
             dying = g.dying.get(ops[k_op].step)
             if not dying or set(dying_reads(g, ops, k_op, self.host)) != dying:
-                return
+                return False
         elif not hands_over(g, ops, k_op, self.host):
-            return
+            return False
         for t in dying_reads(g, ops, k_op, self.host):
+            if t[0] == "G":   # the step itself sums into it (out of place) [5]: the
+                continue      # schedule's free releases it after the step
             if t[0] == "S":
                 for rec in self.extras.pop(t[1], []):
                     rec.own(None)
@@ -400,20 +418,42 @@ class Executor:
                         rec.own(value)
                 del value
             self.freed_early.add(t)
+        return True
+
+    def _release_own(self, i: int, k_op: int, pairs) -> Any:
+        """With the dying reads handed over, the step's own ``G_i`` goes too once the
+        first autograd node has used it, if the schedule frees it right after the
+        step and that node does not pass it on (``add`` does) [7]."""
+        own = self.g.grad_in[i]
+        if len(pairs) != 1 or own in self.host:
+            return None
+        for op in self.schedule.ops[k_op + 1:]:
+            if op.action != RELEASE:
+                return None
+            if op.tensor == own:
+                break
+        else:
+            return None
+        edge, gx = pairs[0]
+        ptr = _ptr(gx)
+        storage = gx.untyped_storage()
+
+        def post(grad_inputs, grad_outputs):
+            if all(g is None or _ptr(g) != ptr for g in grad_inputs):
+                storage.resize_(0)
+        return edge.node.register_hook(post)
 
     def _backward(self, i: int, k_op: int) -> None:
         store = self.store
         edge = self.edges.pop(i, None)
         if edge is None:
             raise ScheduleError(f"backward of layer {i} without its forward graph")
-        self._hand_over(k_op, edge)
+        handed = self._hand_over(k_op, edge)
         if i == self.g.n - 1:
             gouts = [torch.ones(edge.shapes[0], device=self.device)]
             store[("G", i)] = gouts[0]
         else:
-            gout = store.get(("G", i))
-            if gout is None:
-                raise ScheduleError(f"needs G{i}, not resident")
+            gout = self._grad(i)
             gouts = gout if isinstance(gout, list) else [gout]
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
@@ -422,40 +462,110 @@ class Executor:
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        grads = torch.autograd.grad([e for e, _ in pairs], targets,
-                                    grad_outputs=[gx for _, gx in pairs], allow_unused=True)
+        hooks = [p.register_hook(self._accumulate(p)) for p in params]   # [8]
+        if handed and i != self.g.n - 1:
+            hooks.append(self._release_own(i, k_op, pairs))
+        hooks = [h for h in hooks if h is not None]
+        try:
+            grads = torch.autograd.grad([e for e, _ in pairs], targets,
+                                        grad_outputs=[gx for _, gx in pairs], allow_unused=True)
+        finally:
+            for h in hooks:
+                h.remove()
         del edge
-        taken = {_ptr(gx) for _, gx in pairs}
+        own = {_ptr(gx) for _, gx in pairs}
+        taken = set(own)
+        plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
         for (j, k), gj in zip(slots, grads):
             if gj is None:
                 continue
-            if _ptr(gj) in taken:
-                # [5] add passes its gradient through, concat hands out slices of it:
-                # each G_j gets its own memory, as the trace's semantics say.
-                gj = gj.clone()
-            taken.add(_ptr(gj))
             key = ("G", j)
             n_parts = self.parts.get(j)
             if n_parts is None:
-                if key in store:
-                    store[key].add_(gj)
-                else:
-                    store[key] = gj
-            else:
+                mode, where, old = plan[j]
+                if mode == SHARE and _ptr(gj) in own:
+                    self._bind_grad(j, where, gj)
+                    continue
+                if mode == ADD:
+                    self._grad(j).add_(gj)
+                elif mode == COPY:
+                    total = self._grad(j) + gj
+                    del gj
+                    store[where] = total
+                    self._bind_grad(j, where, total)
+                else:   # NEW
+                    if _ptr(gj) in taken:   # [5] one storage per gradient the trace counts
+                        gj = gj.clone()
+                    taken.add(_ptr(gj))
+                    if mode == SHARE:   # autograd made a buffer after all: not the plan's
+                        raise ScheduleError(f"G{j}: the trace says layer {i}'s backward "
+                                            "hands it its own gradient's storage; autograd "
+                                            "did not")
+                    store[where] = gj
+                    self._bind_grad(j, where, gj)
+            else:   # a tuple-valued layer [6]
+                mode, where, old = plan[j]
+                if mode == SHARE and _ptr(gj) in own:   # its one gradient element
+                    self._bind_grad(j, where, gj, (k, n_parts))
+                    continue
+                if j in self.gview:   # that element lives in another layer's storage
+                    now = self._grad(j)[k]
+                    if mode == ADD:
+                        now.add_(gj)
+                    else:
+                        parts = [None] * n_parts
+                        parts[k] = now + gj
+                        del self.gview[j], now
+                        store[where] = parts
+                    continue
                 parts = store.setdefault(key, [None] * n_parts)
                 if parts[k] is None:
                     parts[k] = gj
                 else:
                     parts[k].add_(gj)
+
+    def _accumulate(self, p: torch.Tensor):
+        """A hook that adds a parameter's gradient into ``p.grad`` the moment autograd
+        makes it, as ``loss.backward()``'s AccumulateGrad does, and hands
+        ``torch.autograd.grad`` a zero-byte stand-in instead [8]."""
         fresh = self.fresh
-        for p, gp in zip(params, grads[len(slots):]):
-            if gp is None:
-                continue
+
+        def hook(gp: torch.Tensor) -> torch.Tensor:
             if p in fresh:   # first contribution this step: take it over, as autograd does
                 p.grad = gp
                 fresh.discard(p)
             else:
                 p.grad.add_(gp)
+            return gp.new_zeros(()).expand(gp.shape)
+        return hook
+
+    def _bind_grad(self, j: int, where, value: torch.Tensor, part=None) -> None:
+        """Logical ``G_j`` is ``value``, a view of the storage ``where`` [5] (its offset
+        kept relative to the store's tensor, which a prefetch replaces); ``part``:
+        ``(k, n)``, element k of a tuple of n, the only one with a gradient [6]."""
+        base = self.store[where]
+        self.gview[j] = (where, value.size(), value.stride(),
+                         value.storage_offset() - base.storage_offset(), part)
+
+    def _grad(self, i: int):
+        """Logical ``G_i``: a view of the storage the plan put it in [5] (a list for a
+        tuple-valued layer [6])."""
+        view = self.gview.get(i)
+        base = self.store.get(view[0] if view is not None else ("G", i))
+        if base is None:
+            raise ScheduleError(f"needs G{i}, not resident")
+        if view is None or isinstance(base, list):
+            return base
+        _, size, stride, rel, part = view
+        if not rel and base.size() == size and base.stride() == stride:
+            value = base
+        else:
+            value = base.as_strided(size, stride, base.storage_offset() + rel)
+        if part is None:
+            return value
+        parts = [None] * part[1]
+        parts[part[0]] = value
+        return parts
 
     # -------------------------------------------------------------- recompute
     def _rng_state(self):

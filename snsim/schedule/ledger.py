@@ -223,7 +223,7 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
     throughout."""
     step = ops[k].step
     needs = graph.needs_map[step]
-    own = ("G", step[1])
+    own = graph.grad_in[step[1]]
     out = []
     for op in ops[k + 1:]:
         if op.action != RELEASE:

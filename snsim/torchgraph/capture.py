@@ -64,6 +64,14 @@ Notes the code points back to:
     elements something reads; ``a, _ = attn(q, k, v)`` gives the attention
     weights none, and autograd allocates none for them.  ``grad_bytes`` says
     so where it is less than ``output_bytes`` (integer elements get none).
+[10] Gradients that are the output gradient's storage.  After the forward,
+    one backward from a ones gradient runs on the node's leaves
+    (``torch.autograd.grad``), and the inputs whose gradient comes back in
+    that same storage are the layer's ``grad_shares``: ``add`` passes its
+    gradient through to both inputs, ``cat`` hands each input a slice of it,
+    a reshape returns a view.  Read from autograd, never from a table of op
+    names; memoized with the rest on ``meta`` [6].  Only single-tensor layers
+    fed by single-tensor layers are checked (a tuple's gradient is a list).
 """
 
 from __future__ import annotations
@@ -151,6 +159,7 @@ class CapturedLayer:
     inplace_of: int | None = None
     requires_grad: bool = True
     grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
+    grad_shares: tuple[int, ...] = ()   # inputs whose gradient is G_i's storage [10]
 
 
 @dataclass
@@ -423,7 +432,7 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
     op.key = _memo_key(gm, node, index, leaves, env) if memo is not None else None
     hit = memo.get(op.key) if op.key is not None else None
     if hit is not None:  # [6]
-        shape, stride, dtype, extra, reads = hit
+        shape, stride, dtype, extra, reads, shares = hit
         out = torch.empty_strided(shape, stride, dtype=dtype, device=leaves[0].device)
     else:
         saved = _SavedBytes()
@@ -464,8 +473,10 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         extra = sum(b for s, b in saved.saved.items()
                     if s not in leaf_ids | out_ids | static_ids | const_ids)
         reads = bwd_reads(saved.saved, leaf_ids, out_ids)
+        shares = _grad_shares(out, leaves, [_one_gradient(gm, node_layer, n, env)
+                                            for n in layer_args])
         if op.key is not None and isinstance(out, torch.Tensor):
-            memo[op.key] = (tuple(out.shape), out.stride(), out.dtype, extra, reads)
+            memo[op.key] = (tuple(out.shape), out.stride(), out.dtype, extra, reads, shares)
     first = outs[0]
     # Module path for modules (a second call gets the fx node name), node name otherwise.
     name = str(node.target) if node.op == "call_module" else node.name
@@ -479,7 +490,50 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         name=name, kind=kind, inputs=inputs, output_bytes=sum(nbytes(t) for t in outs),
         param_bytes=sum(nbytes(p) for p in new), saved_extra_bytes=extra, bwd_reads=reads,
         shape=tuple(first.shape), dtype=_dtype(first), op=op, target=target,
-        inplace_of=inputs[0] if inplace else None))
+        inplace_of=inputs[0] if inplace else None,
+        grad_shares=_shared_inputs(shares, layer_args, node_layer)))
+
+
+def _grad_shares(out, leaves, single) -> tuple[int, ...]:
+    """Positions of the leaves whose gradient autograd returns in the output
+    gradient's own storage [10]; ``single``: the leaf's layer is one tensor."""
+    if not isinstance(out, torch.Tensor) or not out.requires_grad \
+            or not out.is_floating_point() or out.grad_fn is None:
+        return ()
+    diff = [k for k, x in enumerate(leaves) if x.requires_grad and single[k]]
+    if not diff:
+        return ()
+    g = torch.ones_like(out)
+    grads = torch.autograd.grad(out, [leaves[k] for k in diff], g, allow_unused=True)
+    return tuple(k for k, gk in zip(diff, grads) if gk is not None and _sid(gk) == _sid(g))
+
+
+def _shared_inputs(shares, layer_args, node_layer) -> tuple[int, ...]:
+    """Layer ids of the shared leaves, for layers read through exactly one leaf
+    (two leaves of one layer get their gradients summed into a new buffer)."""
+    count: dict[int, int] = {}
+    for n in layer_args:
+        lid = node_layer[n.name]
+        count[lid] = count.get(lid, 0) + 1
+    return tuple(dict.fromkeys(node_layer[layer_args[k].name] for k in shares
+                               if count[node_layer[layer_args[k].name]] == 1))
+
+
+def _one_gradient(gm, node_layer, n: fx.Node, env) -> bool:
+    """Is ``n`` (a layer or a view of one) all of its layer's gradient: a
+    single-tensor layer, or the one element of a tuple that receives one [9]?"""
+    lid = node_layer[n.name]
+    p = n
+    while True:   # back to the node that produced the layer
+        src = [a for a in p.all_input_nodes if node_layer.get(a.name) == lid]
+        if not src:
+            break
+        p = src[0]
+    value = env[p.name]
+    if isinstance(value, torch.Tensor):
+        return True
+    used = [t for t in _used(p, value) if t.is_floating_point()]
+    return len(used) == 1 and used[0] is env[n.name]
 
 
 class _Unkeyable(Exception):
