@@ -425,8 +425,9 @@ class Executor:
         first autograd node has used it, if the schedule frees it right after the
         step and that node does not pass it on (``add`` does) [7]."""
         own = self.g.grad_in[i]
-        if len(pairs) != 1 or own in self.host:
-            return None
+        if len(pairs) != 1 or own in self.host \
+                or any(old == own for _, _, _, old in self.g.grad_plan[i]):
+            return None   # (the step also sums a gradient it holds into a new buffer)
         for op in self.schedule.ops[k_op + 1:]:
             if op.action != RELEASE:
                 return None
