@@ -153,6 +153,12 @@ class Graph:
         self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
         self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
 
+    def step_label(self, step: Step) -> str:
+        """``B3 (conv3)``; the optimizer step ``O8 (adam step)``."""
+        if step[0] == "O":
+            return f"{step_name(step)} ({self.training.optimizer} step)"
+        return f"{step_name(step)} ({self.layers[step[1]].name})"
+
     def needs(self, step: Step) -> tuple[Tensor, ...]:
         """Tensors that must be resident when ``step`` runs (read or accumulated)."""
         return self.needs_map[step]
