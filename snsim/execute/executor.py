@@ -28,7 +28,10 @@ inputs and outputs).  The pieces that make that true:
 [5] A gradient autograd hands to two inputs at once (``add`` passes it
     through; ``cat`` returns slices of it) is copied, so that each ``G_j``
     owns its memory as the trace's semantics count it, and accumulating
-    into one never writes into another.
+    into one never writes into another; but a ``G_j`` the graph counts as a
+    view of ``G_i`` (``grad_views``, ``Graph.grad_view_of``: the layer is
+    ``j``'s only contributor, so nothing accumulates into it) is kept as
+    the view autograd made.
 [6] A layer may return a tuple (``nn.LSTM``: ``(out, (h, c))``,
     ``nn.MultiheadAttention``: ``(out, weights)``): its ``X_i`` is the whole
     tuple (the trace's ``output_bytes`` counts every tensor of it) and its
