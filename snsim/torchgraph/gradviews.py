@@ -16,12 +16,6 @@ them as the layer field ``grad_views`` (docs/DESIGN.md section 3, "Gradient
 views"); the simulator applies them where the layer is the input's only
 contributor.  Only layers without parameters and with a single tensor output
 are asked: a weighted layer computes its input gradient, it never slices it.
-
-Recorded for concatenations only (``KINDS``).  ``add`` hands out its gradient
-too, and :func:`views_of` finds it, but recording it changes every residual
-network's trace, the torch-free ResNet probe traces (``snsim/search/resnet.py``,
-held equal to fresh profiles) and the experiments' figures with them; that
-belongs with the fidelity work on gradient storage, not here.
 """
 
 from __future__ import annotations
@@ -38,16 +32,7 @@ def storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-KINDS = ("concat",)   # the layers whose views the profiler records (see above)
-
-
 def grad_views(layer: CapturedLayer, cache: dict | None = None) -> tuple[int, ...]:
-    """The ``grad_views`` the profiler records for ``layer``: :func:`views_of` for
-    the kinds in :data:`KINDS`, () for the others."""
-    return views_of(layer, cache) if layer.kind in KINDS else ()
-
-
-def views_of(layer: CapturedLayer, cache: dict | None = None) -> tuple[int, ...]:
     """Input layer ids whose gradient the backward of ``layer`` hands out as a view
     of (or as) its output gradient; () when none or when the layer is not asked.
 
