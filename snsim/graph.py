@@ -79,15 +79,6 @@ class Graph:
             owners = [c for c in self.consumers[j] if rg[c]]
             if rg[j] and owners:
                 self.grad_owner[j] = max(owners)
-        # Gradient views (DESIGN 3, "Gradient views"): where layer i's backward hands
-        # input j a view of G_i (``grad_views``) and i is j's only contributor, G_j
-        # has no storage of its own (size 0) and every step that needs G_j needs
-        # G_i, its storage
-        self.grad_view_of: dict[int, int] = {}
-        for layer in layers:
-            for j in layer.extra.get("grad_views", ()):
-                if rg[layer.id] and rg[j] and [c for c in self.consumers[j] if rg[c]] == [layer.id]:
-                    self.grad_view_of[j] = layer.id
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
         self.result_bytes: dict[Tensor, int] = {}
@@ -136,10 +127,6 @@ class Graph:
             return
         last = i == self.n - 1
         needs: list[Tensor] = [] if last else [G(i)]
-        k = i
-        while k in self.grad_view_of:   # G_i is a view: its storage's owner stays
-            k = self.grad_view_of[k]
-            needs.append(G(k))
         if layer.saved_extra_bytes:
             needs.append(S(i))
         if layer.reads_inputs:
@@ -237,7 +224,7 @@ class Graph:
         if kind == "S":
             return self.layers[t[1]].saved_extra_bytes
         if kind == "G":
-            return 0 if t[1] in self.grad_view_of else self.layers[t[1]].gradient_bytes
+            return self.layers[t[1]].gradient_bytes
         return self.result_bytes[t]
 
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:

@@ -434,10 +434,9 @@ class Executor:
         for (j, k), gj in zip(slots, grads):
             if gj is None:
                 continue
-            if _ptr(gj) in taken and self.g.grad_view_of.get(j) != i:
+            if _ptr(gj) in taken:
                 # [5] add passes its gradient through, concat hands out slices of it:
-                # each G_j gets its own memory, as the trace's semantics say, but
-                # where the trace records the view (grad_views, its only contributor)
+                # each G_j gets its own memory, as the trace's semantics say.
                 gj = gj.clone()
             taken.add(_ptr(gj))
             key = ("G", j)

@@ -28,7 +28,6 @@ from snsim import __version__
 from snsim.errors import SnsimError
 from snsim.fileio import write_atomic
 from snsim.torchgraph import capture as cap
-from snsim.torchgraph import gradviews
 from snsim.torchgraph.amp import autocast
 from snsim import devices
 from snsim.profile import zoo
@@ -256,8 +255,6 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
         amp = "off" if training is None else training.amp
         with autocast(amp, dev):   # activations in the dtypes autocast really makes
             captured = cap.capture(ms.model, example, on_node)
-            views_cache: dict = {}   # input gradients that are views of G_i (gradviews)
-            views = [gradviews.grad_views(layer, views_cache) for layer in captured.layers]
         if preset is not None:
             from snsim.profile import modeled
             bar.phase("model", len(captured.layers))
@@ -294,9 +291,6 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
            "device": dev_block,
            "layers": [_layer_doc(i, layer, t) for i, (layer, t) in
                       enumerate(zip(captured.layers, times))]}
-    for d, v in zip(doc["layers"], views):
-        if v:
-            d["grad_views"] = list(v)
     if ms.input_dtype != torch.float32:
         doc["input_dtype"] = str(ms.input_dtype).replace("torch.", "")
     if preset is None:

@@ -124,10 +124,6 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             raise TraceError(f"{where}, field grad_bytes: {raw['grad_bytes']} is more than "
                              f"output_bytes {raw['output_bytes']} (a gradient is at most the "
                              "output's size)")
-        for j in raw.get("grad_views", ()):
-            if j not in raw["inputs"]:
-                raise TraceError(f"{where}, field grad_views: layer {j} is not one of its "
-                                 "inputs")
         _oplog_check(raw, idx, layers, where)
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
             raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
