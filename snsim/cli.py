@@ -181,7 +181,9 @@ def cmd_info(args) -> int:
 SCHEDULE_KEY = ("# key: compute Fi / Bi / Ri = forward, backward, recomputed forward of layer i; "
                 "Xi = its output, Gi = its gradient, Si = its saved extras; "
                 "free, offload (to host), prefetch (to device), wait (for a copy); "
-                "algo=k: the step's k-th workspace algorithm")
+                "algo=k: the step's k-th workspace algorithm; "
+                "compute On = the optimizer step, after the last backward (a trace with "
+                "a training record)")
 
 
 def cmd_schedule(args) -> int:

@@ -199,6 +199,12 @@ class Graph:
                     plan.append((j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
+    def step_label(self, step: Step) -> str:
+        """``B3 (conv3)``; the optimizer step ``O8 (adam step)``."""
+        if step[0] == "O":
+            return f"{step_name(step)} ({self.training.optimizer} step)"
+        return f"{step_name(step)} ({self.layers[step[1]].name})"
+
     def needs(self, step: Step) -> tuple[Tensor, ...]:
         """Tensors that must be resident when ``step`` runs (read or accumulated)."""
         return self.needs_map[step]

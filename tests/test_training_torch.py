@@ -97,7 +97,7 @@ def test_bf16_autocast_activation_sizes_and_whole_step(tmp_path, capsys):
     for a, b in convs:
         assert b["out_dtype"] == "bfloat16" and "out_dtype" not in a
         assert 2 * b["output_bytes"] == a["output_bytes"]
-    # (concat itself is 7% off under bf16, 1.5% in fp32: see README's training table)
+    # (concat under bf16: tests/test_gradviews.py)
     out = validate_case(Case("toymodels:residual", 4, "liveness", repeats=1, warmup=0,
                              optimizer="adam", amp="bf16"), SESSION)
     assert abs(out.plain_peak_error) <= 0.01, out.to_dict()
@@ -125,3 +125,35 @@ def test_modeled_trace_records_the_optimizer_and_models_its_step(tmp_path, capsy
     assert got["optimizer_state_bytes"] == pbytes          # one momentum buffer
     # 5 bytes moved per parameter byte over the A100's 2,039 GB/s
     assert got["optimizer_ms"] == pytest.approx(5 * pbytes / 2039e9 * 1e3)
+
+
+def test_fp16_steps_through_a_grad_scaler():
+    """--amp fp16: torch.amp.GradScaler's semantics (the fp32 parameters are the
+    master weights): the loss is scaled, the step unscales in place and steps,
+    and the scaler's 0-d scale and growth tracker count as state."""
+    model = _toy()
+    params = list(model.parameters())
+    opt = optim.make(Training(optimizer="sgd", amp="fp16"), params)
+    assert isinstance(opt, optim.Scaled)
+    assert optim.state_bytes(opt) == 4 + 4            # SGD has none: the scaler's two
+    assert optim.loss_scale(opt) == optim.INIT_SCALE
+    optim.initialize(opt)
+    before = [p.detach().clone() for p in params]
+    loss = model(torch.ones(2, 6)).sum()
+    optim.scaled(opt, loss).backward()
+    scaled = [p.grad.clone() for p in params]
+    opt.step()
+    for p, g, b in zip(params, scaled, before):
+        assert torch.equal(p.grad, g / optim.INIT_SCALE)            # unscaled in place
+        assert torch.allclose(p.detach(), b - optim.LR * p.grad)   # an SGD step on them
+    plain = optim.make(Training(optimizer="sgd", amp="bf16"), params)
+    assert not isinstance(plain, optim.Scaled) and optim.loss_scale(plain) == 1.0
+
+
+@pytest.mark.parametrize("model, batch", [("toymodels:concat", 2), ("toymodels:residual", 4)])
+def test_fp16_whole_step_with_loss_scaling(model, batch):
+    out = validate_case(Case(model, batch, "liveness", repeats=1, warmup=0,
+                             optimizer="adam", amp="fp16"), SESSION)
+    assert out.max_grad_abs_diff <= 1e-5, out.to_dict()
+    assert abs(out.plain_peak_error) <= 0.01, out.to_dict()
+    assert abs(out.peak_error) <= 0.01, out.to_dict()

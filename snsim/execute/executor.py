@@ -451,7 +451,9 @@ class Executor:
             raise ScheduleError(f"backward of layer {i} without its forward graph")
         handed = self._hand_over(k_op, edge)
         if i == self.g.n - 1:
-            gouts = [torch.ones(edge.shapes[0], device=self.device)]
+            # the loss's gradient: 1, or the loss scale under fp16 (optim.Scaled)
+            gouts = [torch.full(edge.shapes[0], optim.loss_scale(self.optimizer),
+                                device=self.device)]
             store[("G", i)] = gouts[0]
         else:
             gout = self._grad(i)

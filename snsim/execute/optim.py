@@ -18,20 +18,63 @@ from typing import Sequence
 import torch
 
 LR = 1e-3
+# fp16 loss scale: torch's default 2**16 overflows toymodels:residual's fp16 backward
+# on its first step (a training loop then skips steps, halving the scale, until it
+# fits); validation compares one step's gradients, so it starts where it fits
+INIT_SCALE = 2.0 ** 10
 
 
-def make(training, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer | None:
-    """The optimizer ``training`` names (None for ``none`` or no record)."""
+class Scaled:
+    """An optimizer behind ``torch.amp.GradScaler`` (``--amp fp16``): the loss is
+    scaled before backward (:func:`loss_scale`, :func:`scaled`), and ``step()``
+    unscales the gradients in place (with its inf check), steps unless one was
+    not finite, and updates the scale, as a user's fp16 loop does.  The fp32
+    parameters are the master weights: autocast keeps them fp32."""
+
+    def __init__(self, opt: torch.optim.Optimizer, device: torch.device):
+        self.opt = opt
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=INIT_SCALE)
+        self.scaler.scale(torch.zeros((), device=device))   # creates scale and tracker
+        self.param_groups, self.state = opt.param_groups, opt.state
+
+    def step(self) -> None:
+        self.scaler.unscale_(self.opt)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+
+    def scaler_bytes(self) -> int:
+        """The scaler's own state: its scale and growth tracker (0-d tensors)."""
+        return sum(t.numel() * t.element_size() for t in
+                   (self.scaler._scale, self.scaler._growth_tracker) if t is not None)
+
+
+def make(training, params: Sequence[torch.Tensor]):
+    """The optimizer ``training`` names (None for ``none`` or no record); under
+    ``amp = fp16`` wrapped in a :class:`Scaled` (loss scaling)."""
     if training is None or training.optimizer == "none":
         return None
     params = list(params)
     name = training.optimizer
     if name == "sgd":
-        return torch.optim.SGD(params, lr=LR)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=LR, momentum=0.9)
-    cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return cls(params, lr=LR, amsgrad=training.amsgrad)
+        opt = torch.optim.SGD(params, lr=LR)
+    elif name == "momentum":
+        opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
+    else:
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        opt = cls(params, lr=LR, amsgrad=training.amsgrad)
+    if training.amp == "fp16":
+        return Scaled(opt, params[0].device if params else torch.device("cpu"))
+    return opt
+
+
+def loss_scale(opt) -> float:
+    """The factor backward starts from: the scaler's scale, else 1."""
+    return float(opt.scaler.get_scale()) if isinstance(opt, Scaled) else 1.0
+
+
+def scaled(opt, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` as backward should start from it (``scaler.scale(loss)`` under fp16)."""
+    return opt.scaler.scale(loss) if isinstance(opt, Scaled) else loss
 
 
 @torch.no_grad()
@@ -53,10 +96,13 @@ def initialize(opt: torch.optim.Optimizer | None) -> None:
 
 
 def state_bytes(opt: torch.optim.Optimizer | None) -> int:
-    """Bytes of the optimizer's state tensors (each storage once)."""
+    """Bytes of the optimizer's state tensors (each storage once), and a loss
+    scaler's."""
     if opt is None:
         return 0
     seen: dict[int, int] = {}
+    if isinstance(opt, Scaled):
+        seen[-1] = opt.scaler_bytes()
     for state in opt.state.values():
         for v in state.values():
             if isinstance(v, torch.Tensor) and v.numel():

@@ -85,8 +85,11 @@ class CachePlanner:
         sz, allocs = self.sz, graph.allocs_map
         layers = graph.layers
         self.ws_need = [ws(st) if layers[st[1]].workspace else 0 for st in seq]
-        self.step_need = [sum([sz[t] for t in allocs[st]]) + w
-                          for st, w in zip(seq, self.ws_need)]
+        # parameter gradients a backward step makes (set-to-none): resident from
+        # that step on, never evictable
+        self.born = [graph.param_grad_bytes(st) for st in seq]
+        self.step_need = [sum([sz[t] for t in allocs[st]]) + w + b
+                          for st, w, b in zip(seq, self.ws_need, self.born)]
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -193,6 +196,8 @@ class CachePlanner:
             for t in new:
                 nb += sz[t]
             ws = layers[step[1]].workspace
+            born = self.born[p]
+            nb += born
             need = nb + ws_need[p]
             if self.level + need > self.cap and not self._make_room(need, pinned, p):
                 self._fail(step, need)
@@ -203,6 +208,7 @@ class CachePlanner:
             algo = self._algo(step, nb) if ws and self.dyn_ws else 0
             ops.append(Compute(step[0], step[1], algo))
             k = len(ops)
+            self.level += born
             for t in new:
                 state[t] = _RES
                 self.level += sz[t]

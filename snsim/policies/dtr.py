@@ -362,7 +362,8 @@ class Planner:
         self.pin(allocs)
         res = self.resident
         new = [t for t in allocs if t not in res]
-        self.make_room(sum(g.size(t) for t in new) + g.workspace_bytes(step), step)
+        born = g.param_grad_bytes(step)   # set-to-none: resident from here on
+        self.make_room(sum(g.size(t) for t in new) + born + g.workspace_bytes(step), step)
         if self.reason is not None:
             self.unpin(allocs)
             return
@@ -370,6 +371,7 @@ class Planner:
         before = self.clock
         ms = g.step_ms(step)
         self.clock += ms
+        self.level += born
         if step[0] == "R":
             self.remat_ms += ms
         for t in new:

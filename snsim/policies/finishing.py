@@ -6,6 +6,7 @@ policy (the registry skips it).
 from __future__ import annotations
 
 from snsim.graph import Graph
+from snsim.policies import replay
 from snsim.schedule.ops import Compute, Op, Schedule
 
 
@@ -17,6 +18,13 @@ def recompute_stats(graph: Graph, ops: list[Op]) -> dict:
 
 def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,
            reason: str | None = None) -> Schedule:
-    """A schedule with the recompute counters added to ``stats``."""
+    """A schedule with the recompute counters added to ``stats``; under a budget,
+    infeasible when the optimizer step the plan ends with does not fit after it
+    (its temporaries over what the route leaves resident)."""
     stats = {**stats, **recompute_stats(graph, ops)}
+    if (reason is None and budget is not None and graph.optimizer_step is not None
+            and graph.optimizer_transient_bytes):
+        end = replay.planned_peak(graph, ops, budget)[1]
+        if end is not None:
+            reason = end
     return Schedule(name, ops, budget, stats, reason)

@@ -10,6 +10,12 @@ offload is still copying when the copy ends, and an allocation that does not
 fit waits for such frees.  A planner may therefore count every ``Free`` as
 immediate: whatever fits in the planner's count fits in the simulator once
 the copies under way have ended (the wait is a stall, not a failure).
+
+Note 2 (the optimizer step).  Planners plan the route; ``policies.plan``
+appends the optimizer step (DESIGN 3a).  Its temporaries, and the parameter
+gradients backward steps make under ``set-to-none`` (the ledger's effects),
+are part of every estimate here, so a plan these call fitting is one the
+simulator finds fitting.
 """
 
 from __future__ import annotations
@@ -17,16 +23,26 @@ from __future__ import annotations
 import heapq
 import math
 
-from snsim.graph import Graph, Step, step_name, tensor_name
+from snsim.graph import Graph, Step, tensor_name
 from snsim.schedule import ledger
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op
 from snsim.units import fmt_bytes
 
 
+def with_optimizer_step(graph: Graph, ops: list[Op]) -> list[Op]:
+    """``ops`` ending with the trace's optimizer step, as every plan ends (note 2)."""
+    step = graph.optimizer_step
+    if step is None or (ops and ops[-1] == Compute(step[0], step[1])):
+        return ops
+    return ops + [Compute(step[0], step[1])]
+
+
 def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
                  ) -> tuple[int, str | None]:
     """Peak level of ``ops`` counting frees as immediate (note 1), and why the
-    first op that does not fit ``capacity`` does not (None if all fit)."""
+    first op that does not fit ``capacity`` does not (None if all fit); the
+    optimizer step the plan will end with is counted (note 2)."""
+    ops = with_optimizer_step(graph, ops)
     peak, first = ledger.planned_peak(graph, ops, capacity)
     if first is None:
         return peak, None
@@ -39,14 +55,16 @@ def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
 
 
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
-    return (f"step {step_name(step)} ({graph.layers[step[1]].name}) is {short} bytes "
+    return (f"step {graph.step_label(step)} is {short} bytes "
             f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
 
 
 def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
     "Time"), without simpy; ``inf`` when an allocation can never fit.  Memory
-    per op is the ledger's (:func:`snsim.schedule.ledger.walk`)."""
+    per op is the ledger's (:func:`snsim.schedule.ledger.walk`); the optimizer
+    step the plan will end with is counted (note 2)."""
+    ops = with_optimizer_step(graph, ops)
     size = Sizes(graph)
     layers = graph.layers
     dev = graph.trace.device

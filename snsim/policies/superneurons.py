@@ -45,7 +45,6 @@ from snsim.policies.base import PlanContext
 from snsim.policies.liveness import plan_liveness
 from snsim.policies.recompute import segment_modes
 from snsim.policies.utp import checkpoint_cache
-from snsim.schedule import ledger
 from snsim.schedule.ops import Schedule
 
 CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
@@ -90,7 +89,7 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
         if kind == "cache-only" and any(g.bwd_released(("B", i)) is not None
                                         for i in range(g.n)):
             live = plan_liveness(PlanContext(g)).ops
-            if ledger.planned_peak(g, live, cap)[1] is None:
+            if replay.planned_peak(g, live, cap)[1] is None:
                 # liveness fits once its backward steps hand their dying reads to
                 # autograd (bwd_released), which the cache's step-by-step check
                 # cannot count on: pure compute

@@ -129,8 +129,7 @@ class Replay:
                 need = ws + nbytes
                 if self.level + need > capacity:
                     try:
-                        yield from self._reserve(need, f"step {op.phase}{op.layer} "
-                                                 f"({g.layers[op.layer].name})")
+                        yield from self._reserve(need, f"step {g.step_label(op.step)}")
                     except _Infeasible:
                         return
                 level = self.level = self.level + need

@@ -157,6 +157,7 @@ def validate_case(case: Case, session: Session | None = None,
     """Run ``case`` and return predicted against measured."""
     import torch
 
+    from snsim.execute import optim
     from snsim.execute.executor import Executor
     from snsim.execute.memory import measure_peak, time_ms
     from snsim.graph import Graph
@@ -198,15 +199,17 @@ def validate_case(case: Case, session: Session | None = None,
         session.phase("gradients against autograd")
         try:
             ex.prepare(fresh=True)
+            scale = optim.loss_scale(ex.optimizer)   # fp16: the step unscales them
             torch.manual_seed(1)
             ex.step(batch)
             grads = [p.grad.detach().clone() for p in program.param_list]
             torch.manual_seed(1)
             with ex.autocast():
                 ref_loss = program.loss(reference(example))
-            ref_loss.backward()
+            (ref_loss * scale if scale != 1.0 else ref_loss).backward()
             names = [n for n, p in ms.model.named_parameters() if p.requires_grad]
-            ref = [p.grad for p in reference.parameters() if p.requires_grad]
+            ref = [p.grad if p.grad is None or scale == 1.0 else p.grad / scale
+                   for p in reference.parameters() if p.requires_grad]
             diff, worst = grad_difference(names, grads, ref)
             del reference, ref, grads, ref_loss
             existing = program.existing_bytes() + ex.state_bytes()
@@ -289,7 +292,7 @@ def plain_autograd_peak(program, example, device, training=None) -> int:
         x = batch.to(params[0].device if params else device, copy=True)
         with amp.autocast(region, device):   # forward and loss; backward outside
             loss = program.reference_loss(x)
-        loss.backward()
+        optim.scaled(opt, loss).backward()   # scaler.scale(loss) under fp16
         if opt is not None:
             opt.step()
 

@@ -116,11 +116,14 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         fixed_delta[k0 + 1] += g.size(t)
         fixed_delta[k1 + 1] -= g.size(t)
         f.fixed_free[k1].append(t)
+    for k, step in enumerate(route):   # set-to-none: parameter gradients from their step on
+        fixed_delta[k + 1] += g.param_grad_bytes(step)
     level = 0
     for k in range(K):
         level += fixed_delta[k]
         f.fixed_start.append(level)
-    f.step_alloc = [g.step_bytes(s) - sum(g.size(t) for t in g.needs_map[s]) for s in route]
+    f.step_alloc = [g.step_bytes(s) - sum(g.size(t) for t in g.needs_map[s])
+                    + g.param_grad_bytes(s) for s in route]
     for j in range(n):
         layer = g.layers[j]
         extra = layer.saved_extra_bytes if ("S", j) not in need else 0
