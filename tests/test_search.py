@@ -73,8 +73,9 @@ def test_stage_config_family():
 
 def test_max_depth_is_the_true_largest():
     budget = 3 * 2**30  # small enough that every size up to the answer is cheap
-    graph_of = models.depth_graph(4, "k40c")
-    res = search("liveness", "depth", graph_of, budget, depth_of)
+    fam = models.depth_family(4, "k40c")
+    graph_of = fam.graph
+    res = search("liveness", fam, budget)
     n = (res.best - 134) // 3
     assert res.first_failing == depth_of(n + 1)
     fits = [probe(graph_of(k), "liveness", budget, k).feasible for k in range(1, n + 2)]
@@ -85,8 +86,9 @@ def test_max_depth_is_the_true_largest():
 def test_max_depth_at_the_lower_bound():
     """superneurons reaches the lower bound: after the doubling, one planned probe."""
     budget = 2**30
-    graph_of = models.depth_graph(4, "k40c")
-    res = search("superneurons", "depth", graph_of, budget, depth_of)
+    fam = models.depth_family(4, "k40c")
+    graph_of = fam.graph
+    res = search("superneurons", fam, budget)
     n = (res.best - 134) // 3
     assert probe(graph_of(n), "superneurons", budget, n).feasible
     nxt = probe(graph_of(n + 1), "superneurons", budget, n + 1)
@@ -96,8 +98,9 @@ def test_max_depth_at_the_lower_bound():
 
 def test_max_batch_is_the_true_largest():
     budget = 2 * 2**30
-    graph_of = models.batch_graph("resnet50", "k40c")
-    res = search("liveness", "batch", graph_of, budget)
+    fam = models.batch_family("resnet50", "k40c")
+    graph_of = fam.graph
+    res = search("liveness", fam, budget)
     assert probe(graph_of(res.best), "liveness", budget, res.best).feasible
     assert not probe(graph_of(res.best + 1), "liveness", budget, res.best + 1).feasible
     assert res.first_failing == res.best + 1 and res.first_failing_reason
@@ -105,7 +108,7 @@ def test_max_batch_is_the_true_largest():
 
 def test_search_json(capsys):
     code = main(["search", "max-depth", "--policy", "liveness", "--batch", "4",
-                 "--budget", "2GiB", "--json"])
+                 "--budget", "2GiB", "--json", "--no-cache"])
     out, err = capsys.readouterr()
     d = json.loads(out)
     assert code == 0
@@ -113,7 +116,7 @@ def test_search_json(capsys):
         assert key in d
     assert d["first_failing"]["depth"] > d["depth"] and d["first_failing"]["reason"]
     code = main(["search", "max-batch", "--model", "resnet50", "--policy", "liveness",
-                 "--budget", "2GiB", "--json"])
+                 "--budget", "2GiB", "--json", "--no-cache"])
     d = json.loads(capsys.readouterr()[0])
     assert code == 0 and d["batch"] >= 1 and d["first_failing"]["batch"] == d["batch"] + 1
 

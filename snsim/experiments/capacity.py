@@ -12,16 +12,14 @@ from snsim.sweep import map_tasks
 def search_task(args: tuple) -> dict:
     """One capacity search as a table row (module level: it runs in workers)."""
     from snsim.search import models
+    from snsim.search.cache import ProbeCache
     from snsim.search.capacity import search
-    from snsim.search.resnet import depth_of
 
-    what, policy, subject, device_model, budget = args
+    what, policy, subject, device_model, budget, cache = args
     t0 = time.perf_counter()
-    if what == "depth":
-        res = search(policy, "depth", models.depth_graph(subject, device_model), budget,
-                     depth_of)
-    else:
-        res = search(policy, "batch", models.batch_graph(subject, device_model), budget)
+    family = (models.depth_family(subject, device_model) if what == "depth"
+              else models.batch_family(subject, device_model))
+    res = search(policy, family, budget, cache=ProbeCache(cache) if cache else None)
     d = res.to_dict()
     fail = d.pop("first_failing")
     d[f"first_failing_{what}"], d["first_failing_reason"] = fail[what], fail["reason"]
@@ -31,7 +29,7 @@ def search_task(args: tuple) -> dict:
 
 
 def _run(opts: Options, what: str, subjects: dict, pols, budget) -> list[dict]:
-    items = [((s, p), (what, p, arg, opts.device_model, budget))
+    items = [((s, p), (what, p, arg, opts.device_model, budget, str(opts.cache)))
              for s, arg in subjects.items() for p in pols]
     rows: dict = {}
     bar = None
@@ -73,13 +71,14 @@ def run_max_depth(opts: Options) -> Outcome:
     mem = f"{budget / GiB:g} GiB" if budget else "12 GB"
     lines = [f"Deepest ResNet per policy (batch {batch}, modeled {opts.device_model}, "
              f"{mem}; family [6, 32, n, 6]):", "",
-             "| policy | deepest | x liveness | ms/iteration | first failing | probes | s |",
+             "| policy | deepest | x liveness | ms/iteration | first failing | probes (planned) "
+             "| s |",
              "|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         ok = r.depth is not pd.NA
         ms = f"{r.iteration_ms:.0f}" if ok else "-"
         lines.append(f"| {r.policy} | {r.depth if ok else '-'} | {r.x_liveness} | {ms} | "
-                     f"{r.first_failing_depth} | {r.probes} | {r.search_s:.1f} |")
+                     f"{r.first_failing_depth} | {r.probes} ({r.planned}) | {r.search_s:.1f} |")
     return Outcome(table, _draw_depth, {"batch": batch, "policies": pols,
                                         "budget_bytes": budget,
                                         "family": "[6, 32, n, 6], depth 3n + 134"},
