@@ -74,8 +74,44 @@ def depth_graph(batch: int, device_model: str) -> Callable[[int], Graph]:
     return depth_family(batch, device_model).graph
 
 
+# (model, batch, device model) -> a file holding that profile (use_profile_files)
+_PROFILE_FILES: dict[tuple[str, int, str], str] = {}
+
+
+def profile_files(model: str, device_model: str, folder) -> dict[tuple[str, int, str], str]:
+    """Write ``model``'s two base profiles into ``folder`` (named by their content,
+    written whole, once) and return where: a parent profiles once, and its worker
+    processes read these (:func:`use_profile_files`) instead of profiling again."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from snsim.fileio import write_json
+
+    out = {}
+    for b in (1, 2):
+        doc = _profiled(model, b, device_model)
+        sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(folder) / f"{model}_b{b}_{device_model}-{sha}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, doc)
+        out[(model, b, device_model)] = str(path)
+    return out
+
+
+def use_profile_files(files: dict[tuple[str, int, str], str]) -> None:
+    _PROFILE_FILES.update(files)
+
+
 @functools.lru_cache(maxsize=16)
 def _profiled(model: str, batch: int, device_model: str) -> dict[str, Any]:
+    path = _PROFILE_FILES.get((model, batch, device_model))
+    if path is not None:
+        import json
+        from pathlib import Path
+
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     from snsim.errors import require_torch
 
     require_torch(f"a batch search on {model}")
