@@ -156,7 +156,7 @@ def _counting_planner(monkeypatch):
 
 
 @pytest.mark.parametrize("policy,budget", [("liveness", 3 * 2**30), ("utp", 2**30),
-                                           ("sqrt-n", 2 * 2**30)])
+                                           ("vdnn-conv", 2 * 2**30)])
 def test_cached_search_equals_uncached_and_plans_nothing(tmp_path, monkeypatch, policy,
                                                          budget):
     from snsim.search.cache import ProbeCache
