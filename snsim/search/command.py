@@ -12,7 +12,8 @@ from snsim.errors import SnsimError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Largest network a policy fits in the budget: the deepest ResNet "
                           "(family [6, 32, n, 6], depth 3n + 134, searched in n) or the "
-                          "largest batch of a zoo model; doubling, then bisection.")
+                          "largest batch of a zoo model; the exact largest (bracket from the "
+                          "lower bound, the peaks' line, bisection), probes cached.")
     parser.add_argument("what", choices=("max-depth", "max-batch"),
                         help="max-depth: deepest ResNet; max-batch: largest batch of --model")
     parser.add_argument("--policy", default="superneurons", help="policy (default: %(default)s)")
