@@ -96,3 +96,30 @@ def test_experiment_on_a_dask_cluster(tmp_path, capsys):
     assert len(t) == 15 and t.feasible.any()
     cfg = json.loads((tmp_path / "budget-sweep.config.json").read_text())
     assert cfg["config"]["scheduler"] == cluster.scheduler_address
+
+
+def test_a_repeated_max_depth_plans_no_probe(quick_out):
+    first = pd.read_csv(quick_out / "max-depth.csv")
+    assert main(["experiment", "max-depth", "--quick", "--out", str(quick_out), "--workers",
+                 "1", "--no-progress"]) == 0
+    again = pd.read_csv(quick_out / "max-depth.csv")
+    assert (again.planned == 0).all() and (again.probes == first.probes).all()
+    cols = ["policy", "depth", "peak_bytes", "iteration_ms", "first_failing_depth"]
+    assert again[cols].equals(first[cols])
+
+
+def test_parquet_copy(tmp_path, capsys):
+    import importlib.util
+
+    argv = ["experiment", "overlap", "--quick", "--out", str(tmp_path), "--workers", "1",
+            "--no-progress", "--parquet"]
+    if importlib.util.find_spec("pyarrow") is None:
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "pyarrow" in err
+        assert not list(tmp_path.iterdir())
+        return
+    assert main(argv) == 0
+    csv = pd.read_csv(tmp_path / "overlap.csv")
+    pq = pd.read_parquet(tmp_path / "overlap.parquet")
+    assert list(pq.columns) == list(csv.columns) and len(pq) == len(csv)

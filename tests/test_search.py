@@ -73,8 +73,9 @@ def test_stage_config_family():
 
 def test_max_depth_is_the_true_largest():
     budget = 3 * 2**30  # small enough that every size up to the answer is cheap
-    graph_of = models.depth_graph(4, "k40c")
-    res = search("liveness", "depth", graph_of, budget, depth_of)
+    fam = models.depth_family(4, "k40c")
+    graph_of = fam.graph
+    res = search("liveness", fam, budget)
     n = (res.best - 134) // 3
     assert res.first_failing == depth_of(n + 1)
     fits = [probe(graph_of(k), "liveness", budget, k).feasible for k in range(1, n + 2)]
@@ -85,8 +86,9 @@ def test_max_depth_is_the_true_largest():
 def test_max_depth_at_the_lower_bound():
     """superneurons reaches the lower bound: after the doubling, one planned probe."""
     budget = 2**30
-    graph_of = models.depth_graph(4, "k40c")
-    res = search("superneurons", "depth", graph_of, budget, depth_of)
+    fam = models.depth_family(4, "k40c")
+    graph_of = fam.graph
+    res = search("superneurons", fam, budget)
     n = (res.best - 134) // 3
     assert probe(graph_of(n), "superneurons", budget, n).feasible
     nxt = probe(graph_of(n + 1), "superneurons", budget, n + 1)
@@ -96,8 +98,9 @@ def test_max_depth_at_the_lower_bound():
 
 def test_max_batch_is_the_true_largest():
     budget = 2 * 2**30
-    graph_of = models.batch_graph("resnet50", "k40c")
-    res = search("liveness", "batch", graph_of, budget)
+    fam = models.batch_family("resnet50", "k40c")
+    graph_of = fam.graph
+    res = search("liveness", fam, budget)
     assert probe(graph_of(res.best), "liveness", budget, res.best).feasible
     assert not probe(graph_of(res.best + 1), "liveness", budget, res.best + 1).feasible
     assert res.first_failing == res.best + 1 and res.first_failing_reason
@@ -105,7 +108,7 @@ def test_max_batch_is_the_true_largest():
 
 def test_search_json(capsys):
     code = main(["search", "max-depth", "--policy", "liveness", "--batch", "4",
-                 "--budget", "2GiB", "--json"])
+                 "--budget", "2GiB", "--json", "--no-cache"])
     out, err = capsys.readouterr()
     d = json.loads(out)
     assert code == 0
@@ -113,7 +116,7 @@ def test_search_json(capsys):
         assert key in d
     assert d["first_failing"]["depth"] > d["depth"] and d["first_failing"]["reason"]
     code = main(["search", "max-batch", "--model", "resnet50", "--policy", "liveness",
-                 "--budget", "2GiB", "--json"])
+                 "--budget", "2GiB", "--json", "--no-cache"])
     d = json.loads(capsys.readouterr()[0])
     assert code == 0 and d["batch"] >= 1 and d["first_failing"]["batch"] == d["batch"] + 1
 
@@ -137,3 +140,81 @@ def test_probe_graph_is_a_graph():
     # data + stem (conv, bn, relu, pool) + 45 blocks of 10 layers + 4 downsample pairs
     # + pool, fc, loss
     assert isinstance(g, Graph) and g.n == 5 + 45 * 10 + 4 * 2 + 3
+
+
+def _counting_planner(monkeypatch):
+    from snsim import policies
+
+    calls = []
+    real = policies.plan
+
+    def plan(name, ctx):
+        calls.append(name)
+        return real(name, ctx)
+    monkeypatch.setattr(policies, "plan", plan)
+    return calls
+
+
+@pytest.mark.parametrize("policy,budget", [("liveness", 3 * 2**30), ("utp", 2**30),
+                                           ("vdnn-conv", 2 * 2**30)])
+def test_cached_search_equals_uncached_and_plans_nothing(tmp_path, monkeypatch, policy,
+                                                         budget):
+    from snsim.search.cache import ProbeCache
+
+    calls = _counting_planner(monkeypatch)
+    fam = models.depth_family(4, "k40c")
+    plain = search(policy, fam, budget)
+    planned = len(calls)
+    assert planned == plain.planned == len(plain.probes) > 0
+    cache = ProbeCache(tmp_path)
+    first = search(policy, fam, budget, cache=cache)
+    assert len(calls) == 2 * planned and cache.writes > 0
+    calls.clear()
+    again = search(policy, fam, budget, cache=ProbeCache(tmp_path))
+    assert calls == [] and again.planned == 0 and all(p.cached for p in again.probes)
+    for res in (first, again):
+        d, ref = res.to_dict(), plain.to_dict()
+        assert {k: v for k, v in d.items() if k != "planned"} == \
+            {k: v for k, v in ref.items() if k != "planned"}
+    assert again.probes == tuple(p.__class__(p.size, p.feasible, p.reason, p.row, True)
+                                 for p in first.probes)
+
+
+def test_a_changed_budget_or_policy_is_a_new_probe(tmp_path, monkeypatch):
+    from snsim.search.cache import ProbeCache
+
+    fam = models.depth_family(4, "k40c")
+    search("liveness", fam, 3 * 2**30, cache=ProbeCache(tmp_path))
+    calls = _counting_planner(monkeypatch)
+    search("liveness", fam, 3 * 2**30 + 2**20, cache=ProbeCache(tmp_path))
+    assert calls and set(calls) == {"liveness"}
+    calls.clear()
+    search("vdnn-conv", fam, 3 * 2**30, cache=ProbeCache(tmp_path))
+    assert calls and set(calls) == {"vdnn-conv"}
+
+
+def test_a_partial_cache_file_is_a_miss(tmp_path):
+    from snsim.search.cache import ProbeCache
+
+    fam = models.depth_family(4, "k40c")
+    cache = ProbeCache(tmp_path)
+    ref = search("liveness", fam, 3 * 2**30, cache=cache)
+    for path in (tmp_path / "probes").glob("*.json"):
+        path.write_text(path.read_text()[:40])  # as if cut off (never by snsim itself)
+    again = search("liveness", fam, 3 * 2**30, cache=ProbeCache(tmp_path))
+    assert again.best == ref.best and again.planned == len(again.probes)
+
+
+def test_search_cli_uses_the_cache(tmp_path, capsys):
+    argv = ["search", "max-depth", "--policy", "liveness", "--batch", "4", "--budget", "2GiB",
+            "--json", "--cache", str(tmp_path)]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr()[0])
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr()[0])
+    assert first["planned"] == first["probes"] > 0 and again["planned"] == 0
+    assert again["depth"] == first["depth"] and again["peak_bytes"] == first["peak_bytes"]
+    (tmp_path / "afile").write_text("x")
+    assert main(argv[:-1] + [str(tmp_path / "afile")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "is a file" in err

@@ -31,6 +31,7 @@ class Options:
     scheduler: str | None = None
     progress: bool = False
     device_model: str = "k40c"
+    parquet: bool = False   # also NAME.parquet (needs pyarrow: the `parquet` extra)
 
     @property
     def cache(self) -> Path:
@@ -68,6 +69,9 @@ def save(name: str, outcome: Outcome, opts: Options) -> list[Path]:
                        "cache": str(opts.cache), **outcome.config})
     paths = [opts.out / f"{name}.{ext}" for ext in ("csv", "png", "pdf", "config.json")]
     write_atomic(paths[0], outcome.table.to_csv(index=False))
+    if opts.parquet:
+        paths.append(opts.out / f"{name}.parquet")
+        write_with(paths[-1], lambda tmp: outcome.table.to_parquet(tmp, index=False))
     fig = outcome.draw(outcome.table, plt)
     fig.text(0.995, 0.005, f"snsim experiment {name}{' --quick' if opts.quick else ''}",
              ha="right", va="bottom", fontsize=6, color="#888888")

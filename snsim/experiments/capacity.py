@@ -12,16 +12,15 @@ from snsim.sweep import map_tasks
 def search_task(args: tuple) -> dict:
     """One capacity search as a table row (module level: it runs in workers)."""
     from snsim.search import models
+    from snsim.search.cache import ProbeCache
     from snsim.search.capacity import search
-    from snsim.search.resnet import depth_of
 
-    what, policy, subject, device_model, budget = args
+    what, policy, subject, device_model, budget, cache, profiles = args
+    models.use_profile_files(profiles)
     t0 = time.perf_counter()
-    if what == "depth":
-        res = search(policy, "depth", models.depth_graph(subject, device_model), budget,
-                     depth_of)
-    else:
-        res = search(policy, "batch", models.batch_graph(subject, device_model), budget)
+    family = (models.depth_family(subject, device_model) if what == "depth"
+              else models.batch_family(subject, device_model))
+    res = search(policy, family, budget, cache=ProbeCache(cache) if cache else None)
     d = res.to_dict()
     fail = d.pop("first_failing")
     d[f"first_failing_{what}"], d["first_failing_reason"] = fail[what], fail["reason"]
@@ -30,9 +29,24 @@ def search_task(args: tuple) -> dict:
     return d
 
 
+# a search's relative cost (measured, ResNet family at 12 GB): which go first
+_COST = {"dtr": 9, "vdnn-all": 8, "sqrt-n": 7, "superneurons": 4, "utp": 4}
+
+
 def _run(opts: Options, what: str, subjects: dict, pols, budget) -> list[dict]:
-    items = [((s, p), (what, p, arg, opts.device_model, budget))
+    from snsim.search import models
+
+    profiles: dict = {}
+    if what == "batch":  # profiled here once, read by every worker
+        for arg in subjects.values():
+            if models.needs_profile(arg):
+                profiles.update(models.profile_files(arg, opts.device_model,
+                                                     opts.cache / "profiles"))
+    items = [((s, p), (what, p, arg, opts.device_model, budget, str(opts.cache), profiles))
              for s, arg in subjects.items() for p in pols]
+    order = [tag for tag, _ in items]
+    # the longest searches first, so the last worker is not left with one alone
+    items.sort(key=lambda it: -_COST.get(it[1][1], 1))
     rows: dict = {}
     bar = None
     if opts.progress:
@@ -52,7 +66,7 @@ def _run(opts: Options, what: str, subjects: dict, pols, budget) -> list[dict]:
     finally:
         if bar is not None:
             bar.close()
-    return [rows[tag] for tag, _ in items]
+    return [rows[tag] for tag in order]
 
 
 def run_max_depth(opts: Options) -> Outcome:
@@ -73,13 +87,14 @@ def run_max_depth(opts: Options) -> Outcome:
     mem = f"{budget / GiB:g} GiB" if budget else "12 GB"
     lines = [f"Deepest ResNet per policy (batch {batch}, modeled {opts.device_model}, "
              f"{mem}; family [6, 32, n, 6]):", "",
-             "| policy | deepest | x liveness | ms/iteration | first failing | probes | s |",
+             "| policy | deepest | x liveness | ms/iteration | first failing | probes (planned) "
+             "| s |",
              "|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         ok = r.depth is not pd.NA
         ms = f"{r.iteration_ms:.0f}" if ok else "-"
         lines.append(f"| {r.policy} | {r.depth if ok else '-'} | {r.x_liveness} | {ms} | "
-                     f"{r.first_failing_depth} | {r.probes} | {r.search_s:.1f} |")
+                     f"{r.first_failing_depth} | {r.probes} ({r.planned}) | {r.search_s:.1f} |")
     return Outcome(table, _draw_depth, {"batch": batch, "policies": pols,
                                         "budget_bytes": budget,
                                         "family": "[6, 32, n, 6], depth 3n + 134"},

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", metavar="tcp://HOST:PORT",
                         help="run the points on this Dask distributed scheduler")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--parquet", action="store_true",
+                        help="also write each table as NAME.parquet (needs pyarrow: "
+                        "pip install 'snsim[parquet]'); the CSV is always written")
 
 
 def run(args) -> int:
@@ -43,6 +46,12 @@ def run(args) -> int:
         raise SnsimError(f"--workers must be at least 1, got {args.workers}")
     if args.scheduler is not None and not args.scheduler.startswith(("tcp://", "tls://")):
         raise SnsimError(f"--scheduler takes tcp://HOST:PORT, not {args.scheduler!r}")
+    if args.parquet:
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise SnsimError("--parquet needs pyarrow: pip install 'snsim[parquet]' "
+                             "(the CSV needs nothing)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SnsimError(f"--out {out} is a file, not a folder")
@@ -54,7 +63,7 @@ def run(args) -> int:
 
     check_writable(out / "experiment.csv")
     opts = Options(out, args.quick, args.workers, args.scheduler,
-                   not args.no_progress and sys.stderr.isatty())
+                   not args.no_progress and sys.stderr.isatty(), parquet=args.parquet)
     start = time.perf_counter()
     for name in names() if args.name == "all" else [args.name]:
         t0 = time.perf_counter()

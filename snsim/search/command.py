@@ -12,7 +12,8 @@ from snsim.errors import SnsimError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Largest network a policy fits in the budget: the deepest ResNet "
                           "(family [6, 32, n, 6], depth 3n + 134, searched in n) or the "
-                          "largest batch of a zoo model; doubling, then bisection.")
+                          "largest batch of a zoo model; the exact largest (bracket from the "
+                          "lower bound, the peaks' line, bisection), probes cached.")
     parser.add_argument("what", choices=("max-depth", "max-batch"),
                         help="max-depth: deepest ResNet; max-batch: largest batch of --model")
     parser.add_argument("--policy", default="superneurons", help="policy (default: %(default)s)")
@@ -25,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "memory)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--cache", metavar="DIR",
+                        help="probe cache: planned probes are kept here and not planned "
+                        "again (default: $SNSIM_CACHE, else ~/.cache/snsim; an experiment's "
+                        "is OUT/cache)")
+    parser.add_argument("--no-cache", action="store_true", help="plan every probe, keep none")
 
 
 def check(args):
@@ -53,10 +59,11 @@ def check(args):
 def run(args) -> int:
     from snsim import policies
     from snsim.search import models
+    from snsim.search.cache import ProbeCache, default_dir
     from snsim.search.capacity import search
-    from snsim.search.resnet import depth_of
 
     budget = check(args)
+    cache = None if args.no_cache else ProbeCache(args.cache or default_dir()).check()
     name = policies.get(args.policy).name
     bar = None
     if not args.no_progress and sys.stderr.isatty():
@@ -70,11 +77,10 @@ def run(args) -> int:
             bar.update()
     try:
         if args.what == "max-depth":
-            res = search(name, "depth", models.depth_graph(args.batch, args.device_model),
-                         budget, depth_of, on_probe)
+            family = models.depth_family(args.batch, args.device_model)
         else:
-            res = search(name, "batch", models.batch_graph(args.model, args.device_model),
-                         budget, int, on_probe)
+            family = models.batch_family(args.model, args.device_model)
+        res = search(name, family, budget, on_probe, cache=cache)
     finally:
         if bar is not None:
             bar.close()
@@ -92,5 +98,5 @@ def run(args) -> int:
     print(f"{name}: largest {size} {d[size]} (peak {fmt_bytes(d['peak_bytes'])}, "
           f"{d['iteration_ms']:.1f} ms/iteration, {d['samples_per_s']:.1f} samples/s); "
           f"{size} {d['first_failing'][size]} fails: {d['first_failing']['reason']} "
-          f"({d['probes']} probes)")
+          f"({d['probes']} probes, {d['planned']} planned)")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from snsim.errors import SnsimError
@@ -26,18 +27,91 @@ def graph_of(doc: dict[str, Any], label: str) -> Graph:
     return Graph(from_dict(doc, label))
 
 
-def depth_graph(batch: int, device_model: str) -> Callable[[int], Graph]:
+@dataclass(frozen=True)
+class Family:
+    """A searched family of probe traces: size -> graph, size -> the trace's identity
+    (what its document is a pure function of, for the probe cache), size -> what is
+    reported (third-stage blocks -> depth)."""
+
+    what: str                                  # "depth" or "batch"
+    graph: Callable[[int], Graph]
+    identity: Callable[[int], dict[str, Any]]
+    label: Callable[[int], int] = int
+
+
+# Graphs are shared by every search of a process (a worker runs several policies'
+# searches, which probe many of the same sizes); a few of 10^4 layers fit easily.
+@functools.lru_cache(maxsize=6)
+def _resnet_graph(stages: tuple[int, ...], batch: int, device_model: str,
+                  model: str | None) -> Graph:
+    depth = 3 * sum(stages) + 2
+    return graph_of(resnet_doc(stages, batch, device_model, model=model),
+                    f"{model or f'resnet-{depth}'} (b{batch}, {device_model}, no torch)")
+
+
+def _resnet_identity(stages, batch: int, device_model: str, model: str | None) -> dict:
+    import dataclasses
+
+    from snsim import devices
+
+    # with the package source in every key (search.cache), these are all the
+    # generator's inputs
+    return {"family": "resnet", "stages": list(stages), "batch": batch, "model": model,
+            "device_model": device_model,
+            "preset": dataclasses.asdict(devices.get(device_model))}
+
+
+def depth_family(batch: int, device_model: str) -> Family:
     """third-stage blocks -> the probe graph of ResNet-(3 n + 134) at ``batch``."""
-    @functools.lru_cache(maxsize=4)  # the search asks for a few sizes twice
-    def make(third: int) -> Graph:
-        depth = depth_of(third)
-        return graph_of(resnet_doc(stage_config(depth), batch, device_model),
-                        f"resnet-{depth} (b{batch}, {device_model}, no torch)")
-    return make
+    return Family("depth",
+                  lambda n: _resnet_graph(stage_config(depth_of(n)), batch, device_model, None),
+                  lambda n: _resnet_identity(stage_config(depth_of(n)), batch, device_model,
+                                             None),
+                  depth_of)
+
+
+def depth_graph(batch: int, device_model: str) -> Callable[[int], Graph]:
+    return depth_family(batch, device_model).graph
+
+
+# (model, batch, device model) -> a file holding that profile (use_profile_files)
+_PROFILE_FILES: dict[tuple[str, int, str], str] = {}
+
+
+def profile_files(model: str, device_model: str, folder) -> dict[tuple[str, int, str], str]:
+    """Write ``model``'s two base profiles into ``folder`` (named by their content,
+    written whole, once) and return where: a parent profiles once, and its worker
+    processes read these (:func:`use_profile_files`) instead of profiling again."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from snsim.fileio import write_json
+
+    out = {}
+    for b in (1, 2):
+        doc = _profiled(model, b, device_model)
+        sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(folder) / f"{model}_b{b}_{device_model}-{sha}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, doc)
+        out[(model, b, device_model)] = str(path)
+    return out
+
+
+def use_profile_files(files: dict[tuple[str, int, str], str]) -> None:
+    _PROFILE_FILES.update(files)
 
 
 @functools.lru_cache(maxsize=16)
 def _profiled(model: str, batch: int, device_model: str) -> dict[str, Any]:
+    path = _PROFILE_FILES.get((model, batch, device_model))
+    if path is not None:
+        import json
+        from pathlib import Path
+
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     from snsim.errors import require_torch
 
     require_torch(f"a batch search on {model}")
@@ -84,9 +158,38 @@ def check_model(model: str) -> None:
         raise SnsimError(f"max-batch takes a zoo model name, not {model!r}")
 
 
+@functools.lru_cache(maxsize=16)
+def _profiles_sha256(model: str, device_model: str) -> str:
+    import hashlib
+    import json
+
+    blob = json.dumps([_profiled(model, 1, device_model), _profiled(model, 2, device_model)],
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=6)
+def _zoo_graph(model: str, batch: int, device_model: str) -> Graph:
+    return graph_of(batch_doc(model, batch, device_model), f"{model} (b{batch}, {device_model})")
+
+
+def batch_family(model: str, device_model: str) -> Family:
+    """batch -> the probe graph of zoo ``model`` (ResNets by shape arithmetic, other
+    models extrapolated from two modeled profiles, whose content is their identity)."""
+    stages = _resnet_stages(model)
+
+    def identity(batch: int) -> dict[str, Any]:
+        if stages is not None:
+            return _resnet_identity(stages, batch, device_model, model)
+        return {"family": "zoo", "model": model, "batch": batch, "device_model": device_model,
+                "profiles_sha256": _profiles_sha256(model, device_model)}
+
+    def graph(batch: int) -> Graph:
+        if stages is not None:
+            return _resnet_graph(tuple(stages), batch, device_model, model)
+        return _zoo_graph(model, batch, device_model)
+    return Family("batch", graph, identity)
+
+
 def batch_graph(model: str, device_model: str) -> Callable[[int], Graph]:
-    @functools.lru_cache(maxsize=4)
-    def make(batch: int) -> Graph:
-        return graph_of(batch_doc(model, batch, device_model),
-                        f"{model} (b{batch}, {device_model})")
-    return make
+    return batch_family(model, device_model).graph
