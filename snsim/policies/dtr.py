@@ -31,27 +31,28 @@ scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
-(inputs and consumers: both sides).  Evicted neighbourhoods are kept as
-union-find classes over the evicted layers, each with its summed forward
-time, as DTR's prototype does; a class that loses a member (recomputed, or
-no longer needed by the route) is rebuilt into its connected pieces, so the
-classes are exactly the components.  simrd sums the evicted ancestors
-reachable through evicted tensors and, separately, the evicted descendants:
-the component here also holds evicted layers reached by going up and down
-again (a sibling branch), so its cost is at least simrd's.  On an op-log
-(forward-only) trace a released layer stays in the classes for good, as in
-simrd (``keep_released``); on a trace with a backward pass it leaves them
-once nothing can be recomputed through it, which keeps the classes small
-(and the golden numbers of the shipped traces as they were).  ``chain``
-(default: none) caps a neighbourhood's layers; a candidate
-beyond it has infinite cost.
+(inputs and consumers: both sides), kept as union-find classes over the
+evicted layers (:mod:`snsim.policies.dtr_pool`).  A class of at most
+``SPLIT_MAX`` (256) members that loses one is rebuilt into its components,
+so the cost is the exact component's; a larger one only loses the member's
+time and stays joined through it (simrd's ``eq_class`` approximation): an
+over-estimate, on deep traces only.  simrd sums evicted ancestors and, apart,
+evicted descendants; a component also holds layers reached up and down again,
+so its cost is at least simrd's.  On an op-log (forward-only) trace a
+released layer stays in the classes for good, as in simrd
+(``keep_released``); on a trace with a backward pass it leaves them once
+nothing can be recomputed through it.  ``chain`` (default: none) caps a
+neighbourhood's layers; a candidate beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
-(2,048) layers hold one, which covers every cell of the simrd corpus (at
-most 1,159); beyond that, ``sample`` (256) candidates drawn uniformly
-(seeded) are scored, as DTR's PyTorch prototype samples, so an eviction
-costs a bounded number of scores and planning stays linear in the route
-(a full scan is quadratic: 17 s on a 3,316-layer ResNet at 1.5x).  The eviction score
+(2,048) tensors are resident candidates; beyond, ``sample`` (256) drawn
+uniformly (seeded), as DTR's prototype samples.  The full scan is a branch
+and bound with the same choice: every candidate's score is bounded below in
+one numpy pass from a cached cost (its last exact cost, lowered when a class
+next to it loses time), and only candidates whose bound is below the best
+exact score so far are scored exactly (``tests/test_dtr.py`` checks every
+choice against a brute-force scorer on random graphs and ResNet-50; the bound
+needs a score non-decreasing in the cost, as all of these are).  The eviction score
 is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
 ``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
 The data layer's output is never evicted; where a recomputation would
