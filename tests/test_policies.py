@@ -370,8 +370,8 @@ def test_policies_declare_the_trace_features_they_need(tmp_path):
     assert trace_features(Graph(base)) == {"backward"}
     g = Graph(dataclasses.replace(base, source={**base.source, "forward_only": True}))
     assert trace_features(g) == frozenset()
-    needy = {"vdnn-all", "vdnn-conv", "recompute-speed", "recompute-memory", "cost-aware",
-             "sqrt-n", "superneurons"}
+    needy = {"vdnn-all", "vdnn-conv", "utp", "recompute-speed", "recompute-memory",
+             "cost-aware", "sqrt-n", "superneurons"}
     assert {n for n in names() if get(n).needs} == needy
     for name in needy:
         with pytest.raises(PolicyError, match=f"policy {name} needs a trace with a backward pass"):

@@ -31,27 +31,28 @@ scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
-(inputs and consumers: both sides).  Evicted neighbourhoods are kept as
-union-find classes over the evicted layers, each with its summed forward
-time, as DTR's prototype does; a class that loses a member (recomputed, or
-no longer needed by the route) is rebuilt into its connected pieces, so the
-classes are exactly the components.  simrd sums the evicted ancestors
-reachable through evicted tensors and, separately, the evicted descendants:
-the component here also holds evicted layers reached by going up and down
-again (a sibling branch), so its cost is at least simrd's.  On an op-log
-(forward-only) trace a released layer stays in the classes for good, as in
-simrd (``keep_released``); on a trace with a backward pass it leaves them
-once nothing can be recomputed through it, which keeps the classes small
-(and the golden numbers of the shipped traces as they were).  ``chain``
-(default: none) caps a neighbourhood's layers; a candidate
-beyond it has infinite cost.
+(inputs and consumers: both sides), kept as union-find classes over the
+evicted layers (:mod:`snsim.policies.dtr_pool`).  A class of at most
+``SPLIT_MAX`` (256) members that loses one is rebuilt into its components,
+so the cost is the exact component's; a larger one only loses the member's
+time and stays joined through it (simrd's ``eq_class`` approximation): an
+over-estimate, on deep traces only.  simrd sums evicted ancestors and, apart,
+evicted descendants; a component also holds layers reached up and down again,
+so its cost is at least simrd's.  On an op-log (forward-only) trace a
+released layer stays in the classes for good, as in simrd
+(``keep_released``); on a trace with a backward pass it leaves them once
+nothing can be recomputed through it.  ``chain`` (default: none) caps a
+neighbourhood's layers; a candidate beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
-(2,048) layers hold one, which covers every cell of the simrd corpus (at
-most 1,159); beyond that, ``sample`` (256) candidates drawn uniformly
-(seeded) are scored, as DTR's PyTorch prototype samples, so an eviction
-costs a bounded number of scores and planning stays linear in the route
-(a full scan is quadratic: 17 s on a 3,316-layer ResNet at 1.5x).  The eviction score
+(2,048) tensors are resident candidates; beyond, ``sample`` (256) drawn
+uniformly (seeded), as DTR's prototype samples.  The full scan is a branch
+and bound with the same choice: every candidate's score is bounded below in
+one numpy pass from a cached cost (its last exact cost, lowered when a class
+next to it loses time), and only candidates whose bound is below the best
+exact score so far are scored exactly (``tests/test_dtr.py`` checks every
+choice against a brute-force scorer on random graphs and ResNet-50; the bound
+needs a score non-decreasing in the cost, as all of these are).  The eviction score
 is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
 ``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
 The data layer's output is never evicted; where a recomputation would
@@ -65,12 +66,15 @@ import math
 import random
 from typing import Callable
 
+import numpy as np
+
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies import register
 from snsim.policies import finishing
 from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
+from snsim.policies.dtr_pool import Classes, Pool
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
 # simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
@@ -80,6 +84,9 @@ THRASH = 2.0
 # eviction's cost stays bounded and planning linear in the route.
 FULL_SCAN = 2048
 SAMPLE = 256
+# At most RESCORE exact scores beyond the bound per eviction (None: all, the full
+# scan's choice).  8 took ResNet-2500 at 1.05x from 56 s to 45 s and changed its choices.
+RESCORE = None
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
 Heuristic = Callable[[float, int, float], float]
@@ -109,7 +116,6 @@ class Planner:
         self.level = graph.trace.static_bytes
         self.resident: dict[Tensor, float] = {}   # tensor -> last access (ms)
         self.pins: dict[Tensor, int] = {}
-        self.evicted: set[int] = set()
         self.ops: list[Op] = []
         self.clock = 0.0
         self.pos = 0
@@ -121,8 +127,6 @@ class Planner:
         self.infeasible: str | None = None
         self.keep_remat = keep_remat
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
-        self.pool: list[int] = []          # layers with an evictable tensor resident
-        self.slot: dict[int, int] = {}     # layer -> its index in ``pool``
         self.rng = random.Random(seed)
         self.inputs = [tuple(dict.fromkeys(layer.inputs)) for layer in graph.layers]
         self.fwd = [layer.fwd_ms for layer in graph.layers]
@@ -133,6 +137,9 @@ class Planner:
         self.cands: list[tuple[Tensor, ...]] = [()] + [
             tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
         self.nbytes = {t: size(t) for ts in self.cands for t in ts}
+        self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
+        self.rescored = 0                    # evictions that scored beyond the bound
+        self.rescore = RESCORE
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
@@ -145,11 +152,9 @@ class Planner:
                     base = (t,) + self.storage.get(t, ())
                     self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
         self.views = graph.views
-        # union-find over the evicted layers: root -> members, forward ms
-        self.parent: dict[int, int] = {}
-        self.members: dict[int, list[int]] = {}
-        self.class_ms: dict[int, float] = {}
-        self.dirty: set[int] = set()
+        # the evicted neighbourhoods (union-find classes over the evicted layers)
+        self.classes = Classes(self.near, self.fwd, self.lowered, self.scored)
+        self.evicted = self.classes.evicted
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
         # an op log (forward-only): never, as in simrd, where a released tensor stays
         # evicted, and counts, for good.  Otherwise once nothing can be recomputed
@@ -166,157 +171,125 @@ class Planner:
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
-        pins, storage = self.pins, self.storage
+        pins, storage, slot, P = self.pins, self.storage, self.pool.slot, self.pool.P
         for t in ts:
-            pins[t] = pins.get(t, 0) + 1
-            for b in storage.get(t, ()):
-                pins[b] = pins.get(b, 0) + 1
+            for u in (t,) + storage.get(t, ()):
+                c = pins.get(u, 0)
+                pins[u] = c + 1
+                if not c and u in slot:
+                    P[slot[u]] = math.inf
 
     def unpin(self, ts) -> None:
-        pins, storage = self.pins, self.storage
+        pins, storage, slot, P = self.pins, self.storage, self.pool.slot, self.pool.P
         for t in ts:
-            pins[t] -= 1
-            for b in storage.get(t, ()):
-                pins[b] -= 1
-
-    # ------------------------------------------------------------ the pool
-    def _add(self, j: int) -> None:
-        if j not in self.slot:
-            self.slot[j] = len(self.pool)
-            self.pool.append(j)
-
-    def _drop(self, j: int) -> None:
-        k = self.slot.pop(j)
-        last = self.pool.pop()
-        if last != j:
-            self.pool[k] = last
-            self.slot[last] = k
-
-    # ---------------------------------------- evicted neighbourhoods (classes)
-    def _find(self, j: int) -> int:
-        parent = self.parent
-        root = j
-        while parent[root] != root:
-            root = parent[root]
-        while parent[j] != root:   # path compression
-            parent[j], j = root, parent[j]
-        return root
-
-    def _join(self, a: int, b: int) -> None:
-        ra, rb = self._find(a), self._find(b)
-        if ra == rb:
-            return
-        if len(self.members[ra]) < len(self.members[rb]):
-            ra, rb = rb, ra
-        self.parent[rb] = ra
-        self.members[ra].extend(self.members.pop(rb))
-        self.class_ms[ra] += self.class_ms.pop(rb)
-        if rb in self.dirty:
-            self.dirty.discard(rb)
-            self.dirty.add(ra)
+            for u in (t,) + storage.get(t, ()):
+                c = pins[u] - 1
+                pins[u] = c
+                if not c and u in slot:
+                    P[slot[u]] = 0.0
 
     def mark_evicted(self, j: int) -> None:
         """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
-        if j in self.evicted:
-            return
-        if self.dirty:   # j's old class (if any) lets go of it first
-            self._split_dirty()
-        self.evicted.add(j)
-        self.expiry.setdefault(self.horizon[j], []).append(j)
-        self.parent[j] = j
-        self.members[j] = [j]
-        self.class_ms[j] = self.fwd[j]
-        ev = self.evicted
-        for k in self.near[j]:
-            if k in ev:
-                self._join(j, k)
+        if j not in self.classes.evicted:
+            self.classes.add(j)
+            self.expiry.setdefault(self.horizon[j], []).append(j)
 
     def unmark_evicted(self, j: int) -> None:
-        """X_j is back (recomputed) or no longer needed: its class splits (lazily)."""
-        if j in self.evicted:
-            self.evicted.discard(j)
-            self.dirty.add(self._find(j))
-
-    def _split_dirty(self) -> None:
-        # Rebuild each class that lost members into the connected pieces of
-        # what is still evicted: the classes are exactly the components.
-        ev, near, fwd = self.evicted, self.near, self.fwd
-        for root in self.dirty:
-            old = self.members.pop(root)
-            self.class_ms.pop(root)
-            for m in old:
-                self.parent.pop(m, None)
-            for m in old:
-                if m not in ev or m in self.parent:
-                    continue
-                self.parent[m] = m
-                comp, stack = [m], [m]
-                while stack:
-                    k = stack.pop()
-                    for q in near[k]:
-                        if q in ev and q not in self.parent:
-                            self.parent[q] = m
-                            comp.append(q)
-                            stack.append(q)
-                self.members[m] = comp
-                self.class_ms[m] = sum(fwd[q] for q in comp)
-        self.dirty.clear()
+        """X_j is back (recomputed) or no longer needed: out of its class."""
+        self.classes.remove(j)
 
     def cost(self, j: int, nb) -> float:
         """Forward time of layer j plus that of every evicted class next to it
         through ``nb`` (its inputs and consumers, or only its inputs for saved
         extras); ``inf`` if together they have more than ``chain`` layers."""
-        ev = self.evicted
-        if ev.isdisjoint(nb):   # the common case: a one-layer recompute
-            return self.fwd[j]
-        roots = {self._find(k) for k in nb if k in ev}
-        if 1 + sum(len(self.members[r]) for r in roots) > self.chain:
+        ms, members = self.classes.cost(j, nb)
+        if members and 1 + members > self.chain:
             return math.inf
-        return self.fwd[j] + sum(self.class_ms[r] for r in roots)
+        return self.fwd[j] + ms
+
+    def scored(self, j: int) -> bool:
+        slot = self.pool.slot
+        return any(t in slot for t in self.cands[j])
+
+    def lowered(self, layers, by: float | None) -> None:
+        """The neighbourhood cost of ``layers``' tensors dropped by up to all of it
+        (``by`` None), or every tensor's by up to ``by`` ms: the cached lower
+        bounds follow."""
+        pool = self.pool
+        if by is not None:
+            pool.drop_all(by)
+            return
+        cands, slot = self.cands, pool.slot
+        for k in layers:
+            for t in cands[k]:
+                if t in slot:
+                    pool.reset(slot[t])
+
+    def exact(self, t: Tensor) -> float:
+        """The score of resident tensor ``t`` (``inf`` for a staleness of zero); its
+        cost is kept as the pool's lower bound."""
+        j = t[1]
+        cost = self.cost(j, self.inputs[j] if t[0] == "S" else self.near[j])
+        i = self.pool.slot.get(t)
+        if i is not None and cost < math.inf:
+            self.pool.cached(i, cost)
+        stale = self.clock - self.resident[t]
+        return self.score(cost, self.nbytes[t], stale) if stale > 0 and cost < math.inf \
+            else math.inf
 
     def best(self, candidates) -> Tensor | None:
-        """The evictable tensor of ``candidates`` (layers) with the smallest score
-        (the last seen of equal scores, as simrd's scan; ``inf`` only if nothing
-        scores less).  The planner's hot path."""
-        res, pins, cands, nbytes = self.resident, self.pins, self.cands, self.nbytes
-        near, ins, score, clock = self.near, self.inputs, self.score, self.clock
-        if self.dirty:
-            self._split_dirty()
+        """The unpinned tensor of ``candidates`` (pool slots) with the smallest
+        score, scored one by one (``inf`` only if nothing scores less)."""
+        pool, pins = self.pool, self.pins
         best, best_h = None, math.inf
-        for j in candidates:
-            cost_x = cost_s = None
-            for t in cands[j]:
-                if t not in res or pins.get(t):
-                    continue
-                if t[0] == "S":
-                    if cost_s is None:
-                        cost_s = self.cost(j, ins[j])
-                    cost = cost_s
-                else:
-                    if cost_x is None:
-                        cost_x = self.cost(j, near[j])
-                    cost = cost_x
-                stale = clock - res[t]
-                h = score(cost, nbytes[t], stale) if stale > 0 and cost < math.inf \
-                    else math.inf
-                if h <= best_h:
-                    best, best_h = t, h
+        for k in candidates:
+            t = pool.t[k]
+            if pins.get(t):
+                continue
+            h = self.exact(t)
+            if h <= best_h:
+                best, best_h = t, h
         return best
 
     def victim(self) -> Tensor | None:
+        """The evictable tensor with the smallest score: every candidate's lower
+        bound (own cost) in one vectorized pass, then exact scores only for those
+        whose bound is below the best exact score so far (branch and bound: the
+        full scan's choice).  With ``sample`` and more than ``full_scan``
+        candidates: the best of ``sample`` drawn uniformly (seeded)."""
         pool = self.pool
         n = len(pool)
-        if self.sample is None or n <= max(self.sample, self.full_scan):
-            return self.best(list(pool))
-        rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
-        picked = self.best([pool[int(rnd() * n)] for _ in range(self.sample)])
-        return picked if picked is not None else self.best(list(pool))
+        if not n:
+            return None
+        if self.sample is not None and n > max(self.sample, self.full_scan):
+            rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
+            picked = self.best([int(rnd() * n) for _ in range(self.sample)])
+            if picked is not None:
+                return picked
+        lb = pool.bounds(self.score, self.clock)
+        i = int(lb.argmin())
+        low = lb[i]
+        if low == math.inf:   # all pinned or scoring inf: the last unpinned one, as a scan
+            free = np.flatnonzero(pool.P[:n] == 0.0)
+            return pool.t[int(free[-1])] if len(free) else None
+        h = self.exact(pool.t[i])
+        if h > low:
+            self.rescored += 1
+            below = np.flatnonzero(lb < h)
+            if self.rescore is not None and len(below) > self.rescore:
+                below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
+            for k in below.tolist():
+                if k != i:
+                    hk = self.exact(pool.t[k])
+                    if hk < h:
+                        i, h = k, hk
+        return pool.t[i]
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
             t = self.victim()
             if t is None:
-                left = sum(1 for j in self.pool for u in self.cands[j] if u in self.resident)
+                left = len(self.pool)
                 self.reason = (f"with {left} resident tensors pinned by the step, "
                                if left else "after evicting every evictable tensor, ") \
                     + replay.shortfall(self.g, step, self.level + need - self.cap, self.cap)
@@ -333,8 +306,8 @@ class Planner:
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
-        if j in self.slot and not any(u in res for u in self.cands[j]):
-            self._drop(j)
+        if t in self.pool.slot:
+            self.pool.drop(t)
         if t[0] != "S" and t[0] != "G":
             for v in self.views[j]:   # a view goes with its storage
                 if ("X", v) in res:
@@ -374,17 +347,23 @@ class Planner:
         self.level += born
         if step[0] == "R":
             self.remat_ms += ms
+        pool, nbytes, fwd, pins = self.pool, self.nbytes, self.fwd, self.pins
+        clock = self.clock
         for t in new:
             self.level += g.size(t)
-            if t in self.nbytes:
-                self._add(t[1])
+            if t in nbytes:
+                pool.add(t, clock, fwd[t[1]], nbytes[t], bool(pins.get(t)))
             if t[0] == "X":
                 self.unmark_evicted(t[1])
-        clock = self.clock
+        slot, A = pool.slot, pool.A
         for t in needs:
             res[t] = before
+            if t in slot:
+                A[slot[t]] = before
         for t in allocs:
             res[t] = clock
+            if t in slot:
+                A[slot[t]] = clock
         self.unpin(allocs)
 
     def remat(self, missing: list[Tensor]) -> None:

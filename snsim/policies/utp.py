@@ -49,7 +49,7 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
 
 
 @register("utp", "liveness + LRU tensor cache of checkpoint outputs, offload/prefetch",
-          order=30, options=("offload_optimizer",))
+          order=30, needs=("backward",), options=("offload_optimizer",))
 def plan_utp(ctx: PlanContext, release: bool = False, offload_all: bool = False) -> Schedule:
     g = ctx.graph
     cache = checkpoint_cache(g, list(g.route), ctx.capacity_bytes, release=release,
