@@ -78,7 +78,7 @@ class _Builder:
         return F32 * math.prod(self.shapes[i])
 
     def add(self, name, kind, op, inputs, shape, fwd_k, bwd_k, reads, param_bytes=0,
-            extra=0, inplace_of=None) -> int:
+            extra=0, inplace_of=None, shares=()) -> int:
         i = len(self.layers)
         fwd, bwd = step_ms(fwd_k, self.preset), step_ms(bwd_k, self.preset)
         d: dict[str, Any] = {
@@ -88,6 +88,8 @@ class _Builder:
             "bwd_reads": list(reads)}
         if extra:
             d["saved_extra_bytes"] = extra
+        if shares:   # autograd hands these inputs this layer's own gradient (capture [10])
+            d["grad_shares"] = list(shares)
         d["fwd_flops"] = int(sum(f for f, _ in fwd_k))
         d["bwd_flops"] = int(sum(f for f, _ in bwd_k))
         d["fwd_kernels"] = [[int(f), int(b)] for f, b in fwd_k]
@@ -193,5 +195,5 @@ def _block(sb: _Builder, k: int, x: int, cin: int, width: int, stride: int) -> i
         short = sb.bn(f"{p}.down.1", sb.conv(f"{p}.down.0", x, 4 * width, 1, stride, 0))
     xb = sb.bytes_of(y)
     s = sb.add("add" if k == 0 else f"add_{k}", "add", "add", [y, short], sb.shapes[y],
-               [(0, 3 * xb)], [], [])
+               [(0, 3 * xb)], [], [], shares=[y, short])
     return sb.relu(f"{p}.relu@blocks_{k}_relu_2", s)
