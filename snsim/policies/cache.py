@@ -12,7 +12,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from snsim.graph import Graph, Step, Tensor
-from snsim.policies.replay import Sizes, shortfall
+from snsim.policies.replay import shortfall
 from snsim.policies.sequences import use_positions
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
@@ -53,7 +53,7 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
-        self.sz = Sizes(graph)
+        self.sz = graph.sizes
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
         # Evictable resident tensors, least recently used first: preferred

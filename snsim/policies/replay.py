@@ -38,6 +38,12 @@ def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
                   f"{fmt_bytes(capacity)} budget")
 
 
+def fits(graph: Graph, ops: list[Op], capacity: int) -> bool:
+    """``planned_peak(graph, ops, capacity)[1] is None``, stopping at the first op
+    that does not fit."""
+    return ledger.fits(graph, ops, capacity)
+
+
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
     return (f"step {step_name(step)} ({graph.layers[step[1]].name}) is {short} bytes "
             f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
@@ -47,7 +53,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
     "Time"), without simpy; ``inf`` when an allocation can never fit.  Memory
     per op is the ledger's (:func:`snsim.schedule.ledger.walk`)."""
-    size = Sizes(graph)
+    size = graph.sizes
     layers = graph.layers
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
@@ -70,7 +76,8 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             level -= b
         return True
 
-    for op, (nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False, check=False)):
+    # effects one op at a time: a plan that does not fit stops at its first op over
+    for op, (nb, ws, freed) in zip(ops, ledger.iter_effects(graph, ops)):
         act = op.action
         if act == COMPUTE:
             if level + nb + ws > capacity and not fit(nb + ws):
