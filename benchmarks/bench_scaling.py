@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 from snsim import synth
@@ -69,6 +70,8 @@ def main() -> None:
                 line.append(f"{p}@{f}x {dt:.2f}s")
         print(f"{g.n} layers: " + ", ".join(line), flush=True)
     print()
+    print(f"load average {os.getloadavg()[0]:.2f} (2 cores shared: read loaded times as "
+          "up to about twice the idle ones)")
     print(f"plan+verify+simulate seconds by depth (layers {real}); slope of log time over "
           "log layers (target <= 1.2); deepest trace (target <= 5 s); F = feasible at "
           "the deepest")
