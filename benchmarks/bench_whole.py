@@ -10,7 +10,9 @@ run compiles snsim's sources again (about 0.1 s).  ``all`` is also timed
 without ``dtr`` (every other policy, planned, verified and simulated in one
 process through ``snsim.evaluate``, as ``--policy all`` does), as that planner
 has its own issue.
-A simpy loop of the simulator's three-process shape gives the reference
+Beside the wall time, the process's CPU time (user + system, from
+``os.wait4``): on a machine other work shares, the wall time counts the
+waiting, the CPU time does not.  A simpy loop of the simulator's three-process shape gives the reference
 events/s on this machine in the same minutes.  Prints only; no assertions.
 
     python benchmarks/bench_whole.py [--repeats 5] [--trace traces/k40c_resnet2500_b32.json]
@@ -41,8 +43,8 @@ print(json.dumps([e.result.to_dict() for e in evs], indent=1))
 """
 
 
-def run_once(argv: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MiB, exit code) of one ``snsim`` process
+def run_once(argv: list[str]) -> tuple[float, float, int, float]:
+    """(wall seconds, peak RSS MiB, exit code, CPU seconds) of one ``snsim`` process
     (``argv[0] == "-c"``: a Python snippet instead of the CLI)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(ROOT)
@@ -56,7 +58,7 @@ def run_once(argv: list[str]) -> tuple[float, float, int]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0,):
         print(f"    ! exit {proc.returncode}: {err.strip()[:200]}")
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_maxrss / 1024, proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def simpy_reference(n: int = 20_000) -> float:
@@ -83,10 +85,16 @@ def simpy_reference(n: int = 20_000) -> float:
 
 
 def main() -> None:
+    global ROOT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--trace", default="traces/k40c_resnet2500_b32.json")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
+                    help="the snsim checkout to time (another one: a before/after comparison)")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated labels' first words to leave out (e.g. all,dtr)")
     args = ap.parse_args()
+    ROOT = Path(args.root).resolve()   # run_once reads it
     t = args.trace
     cases = [
         ("liveness --json", ["simulate", t, "--policy", "liveness", "--json"], 0.5),
@@ -105,15 +113,20 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")
     run_once(cases[0][1])   # warm-up: the bytecode cache
     peak_rss = 0.0
+    skip = {w for w in args.skip.split(",") if w}
+    cases = [c for c in cases if c[0].split()[0] not in skip]
     for label, argv, target in cases:
         runs = [run_once(argv) for _ in range(args.repeats)]
         wall = statistics.median(r[0] for r in runs)
+        cpu = statistics.median(r[3] for r in runs)
         rss = max(r[1] for r in runs)
         if t in argv and argv[0] in ("simulate", "-c"):
             peak_rss = max(peak_rss, rss)
         verdict = "" if target is None else (
-            f"target <= {target:.1f} s: {'met' if wall <= target else 'MISSED'}")
-        print(f"  {label:<34} {wall:6.3f} s  peak RSS {rss:6.1f} MiB  {verdict}")
+            f"target <= {target:.1f} s: {'met' if wall <= target else 'MISSED'}"
+            f" (CPU: {'met' if cpu <= target else 'MISSED'})")
+        print(f"  {label:<30} {wall:6.3f} s  CPU {cpu:6.3f} s  peak RSS {rss:6.1f} MiB  "
+              f"{verdict}", flush=True)
     print(f"  peak RSS of a {Path(t).stem} simulation: {peak_rss:.1f} MiB "
           f"(target <= 400 MiB: {'met' if peak_rss <= 400 else 'MISSED'})")
     ref = statistics.median(simpy_reference() for _ in range(3))
