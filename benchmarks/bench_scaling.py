@@ -16,7 +16,9 @@ Prints only; no assertions.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
+import os
 import time
 
 from snsim import synth
@@ -55,6 +57,11 @@ def main() -> None:
     real = []
     for n in sizes:
         g = Graph(deep_resnet(n))
+        # as the CLI does after loading a trace: the graph out of the collector's
+        # generations (else a full pass over the previous depths' garbage and the
+        # 32k-layer graph lands on whichever policy runs then: 1-2 s)
+        gc.collect()
+        gc.freeze()
         real.append(g.n)
         line = []
         for f in FACTORS:
@@ -69,6 +76,8 @@ def main() -> None:
                 line.append(f"{p}@{f}x {dt:.2f}s")
         print(f"{g.n} layers: " + ", ".join(line), flush=True)
     print()
+    print(f"load average {os.getloadavg()[0]:.2f} (2 cores shared: read loaded times as "
+          "up to about twice the idle ones)")
     print(f"plan+verify+simulate seconds by depth (layers {real}); slope of log time over "
           "log layers (target <= 1.2); deepest trace (target <= 5 s); F = feasible at "
           "the deepest")

@@ -55,7 +55,13 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
         trace, note = retarget(trace, device)
         if note:
             print(f"snsim: note: {printable(note)}", file=sys.stderr)
-    return Graph(trace)
+    graph = Graph(trace)
+    # The trace and its graph (~10^5 objects on a deep trace) live to the end of
+    # the command and hold no cycles: keep the cyclic collector's passes off them.
+    import gc
+
+    gc.freeze()
+    return graph
 
 
 def _run_policies(graph, policy: str, budget: int | None, record: bool,

@@ -83,7 +83,6 @@ class Graph:
             owners = [c for c in self.consumers[j] if rg[c]]
             if rg[j] and owners:
                 self.grad_owner[j] = max(owners)
-        self._plan_gradients()
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
         self.result_bytes: dict[Tensor, int] = {}
@@ -99,6 +98,15 @@ class Graph:
         for t in self.result_bytes:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
         self.multi_result = frozenset(self.results_of)
+        # every tensor's bytes, looked up by the hot loops (``size`` is its getter)
+        self.sizes: dict[Tensor, int] = {}
+        for layer in layers:
+            i = layer.id
+            self.sizes[("X", i)] = self.x_bytes[i]
+            self.sizes[("S", i)] = layer.saved_extra_bytes
+            self.sizes[("G", i)] = layer.gradient_bytes
+        self.sizes.update(self.result_bytes)
+        self._plan_gradients()
         self.route: list[Step] = [("F", i) for i in range(n)]
         self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
         # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
@@ -277,14 +285,7 @@ class Graph:
         return X(j) if "alias_of" in self.layers[j].extra else None
 
     def size(self, t: Tensor) -> int:
-        kind = t[0]
-        if kind == "X":
-            return self.x_bytes[t[1]]
-        if kind == "S":
-            return self.layers[t[1]].saved_extra_bytes
-        if kind == "G":
-            return self.layers[t[1]].gradient_bytes
-        return self.result_bytes[t]
+        return self.sizes[t]
 
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:
         if step[0] == "O":
@@ -336,9 +337,9 @@ class Graph:
 
     def step_bytes(self, step: Step) -> int:
         """Bytes of what a step needs and allocates (no workspace, no statics)."""
-        size = self.size
-        return (sum(size(t) for t in self.needs_map[step])
-                + sum(size(t) for t in self.allocs_map[step]))
+        sizes = self.sizes
+        return (sum([sizes[t] for t in self.needs_map[step]])
+                + sum([sizes[t] for t in self.allocs_map[step]]))
 
     # ------------------------------------------------------------- analyses
     @cached_property

@@ -12,7 +12,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from snsim.graph import Graph, Step, Tensor
-from snsim.policies.replay import Sizes, shortfall
+from snsim.policies.replay import shortfall
 from snsim.policies.sequences import use_positions
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
@@ -53,7 +53,7 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
-        self.sz = Sizes(graph)
+        self.sz = graph.sizes
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
         # Evictable resident tensors, least recently used first: preferred
@@ -165,6 +165,7 @@ class CachePlanner:
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
+        cap, dyn_ws = self.cap, self.dyn_ws
         hits = 0
         for p, step in enumerate(self.seq):
             self.pos = p
@@ -191,27 +192,28 @@ class CachePlanner:
                 state[t] = _RES
                 home[t][t] = None
             # 2. room for what it allocates, with its smallest workspace
-            new = [t for t in allocs if state.get(t) != _RES]
+            new = []
             nb = 0
-            for t in new:
-                nb += sz[t]
+            for t in allocs:
+                if state.get(t) != _RES:
+                    new.append(t)
+                    nb += sz[t]
             ws = layers[step[1]].workspace
             born = self.born[p]
             nb += born
             need = nb + ws_need[p]
-            if self.level + need > self.cap and not self._make_room(need, pinned, p):
+            if self.level + need > cap and not self._make_room(need, pinned, p):
                 self._fail(step, need)
             # 3. prefetch ahead, leaving room for this step
             if boundary is not None and boundary[p] and self.host_heap:
                 self._prefetch_window(p, need, pinned)
             # 4. the step, with its workspace algorithm
-            algo = self._algo(step, nb) if ws and self.dyn_ws else 0
+            algo = self._algo(step, nb) if ws and dyn_ws else 0
             ops.append(Compute(step[0], step[1], algo))
             k = len(ops)
-            self.level += born
+            self.level += nb
             for t in new:
                 state[t] = _RES
-                self.level += sz[t]
                 d = home.get(t)
                 if d is None:
                     d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p

@@ -26,6 +26,8 @@ the ``liveness`` plan instead and says so in ``stats["fallback"]``.
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from snsim.graph import Graph
 from snsim.policies import register
 from snsim.policies import finishing
@@ -57,13 +59,23 @@ def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool]
                    "memory_segments": len(segs) - n_speed, "l_peak_bytes": lp}
 
 
+_LIVENESS_PEAK: WeakKeyDictionary = WeakKeyDictionary()   # graph -> liveness's planned peak
+
+
+def liveness_peak(graph: Graph) -> int:
+    """The planned peak of ``liveness`` on ``graph`` (note 2), once per graph."""
+    peak = _LIVENESS_PEAK.get(graph)
+    if peak is None:
+        peak = _LIVENESS_PEAK[graph] = replay.planned_peak(graph, liveness_ops(graph))[0]
+    return peak
+
+
 def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> Schedule:
     g = ctx.graph
     speed, stats = segment_modes(g, keep, mode)
     ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, keep, speed))
-    base = liveness_ops(g)
-    if replay.planned_peak(g, ops)[0] > replay.planned_peak(g, base)[0]:
-        ops, stats = base, {**stats, "fallback": "liveness"}   # note 2
+    if replay.planned_peak(g, ops)[0] > liveness_peak(g):
+        ops, stats = liveness_ops(g), {**stats, "fallback": "liveness"}   # note 2
     return finishing.finish(name, g, ops, ctx.budget_bytes, stats)
 
 

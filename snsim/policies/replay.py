@@ -54,6 +54,12 @@ def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
                   f"{fmt_bytes(capacity)} budget")
 
 
+def fits(graph: Graph, ops: list[Op], capacity: int) -> bool:
+    """``planned_peak(graph, ops, capacity)[1] is None``, stopping at the first op
+    that does not fit."""
+    return ledger.fits(graph, ops, capacity)
+
+
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
     return (f"step {graph.step_label(step)} is {short} bytes "
             f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
@@ -65,7 +71,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     per op is the ledger's (:func:`snsim.schedule.ledger.walk`); the optimizer
     step the plan will end with is counted (note 2)."""
     ops = with_optimizer_step(graph, ops)
-    size = Sizes(graph)
+    size = graph.sizes
     layers = graph.layers
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
@@ -88,7 +94,8 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             level -= b
         return True
 
-    for op, (nb, ws, freed) in zip(ops, ledger.walk(graph, ops, route=False, check=False)):
+    # effects one op at a time: a plan that does not fit stops at its first op over
+    for op, (nb, ws, freed) in zip(ops, ledger.iter_effects(graph, ops)):
         act = op.action
         if act == COMPUTE:
             if level + nb + ws > capacity and not fit(nb + ws):
@@ -120,15 +127,3 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             done = in_done.pop(t, None)
             now = max(now, off_done.get(t, 0.0) if done is None else done)
     return max(now, d2h, h2d)
-
-
-class Sizes(dict):
-    """Tensor sizes of one graph, filled on first use."""
-
-    def __init__(self, graph: Graph):
-        super().__init__()
-        self.size = graph.size
-
-    def __missing__(self, t):
-        b = self[t] = self.size(t)
-        return b

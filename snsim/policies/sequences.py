@@ -9,9 +9,15 @@ helper of the policies, not a policy (the registry skips it).
 from __future__ import annotations
 
 from collections import defaultdict
+from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.schedule.ops import Compute, Free, Op
+
+# per graph, the route's use positions and liveness ops: every policy of an
+# ``all`` run (and every probe of a budget search) asks for the same ones
+_ROUTE_USES: WeakKeyDictionary = WeakKeyDictionary()
+_ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
@@ -64,8 +70,19 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
 
     Returns ``uses`` (tensor -> sorted positions) and ``frees`` (position ->
     tensors whose current instance is last used there: a tensor that is
-    allocated again later is freed after its last use before that).
+    allocated again later is freed after its last use before that).  For the
+    route itself (``seq is graph.route``) they are computed once per graph and
+    shared: read them, never change them.
     """
+    if seq is graph.route:
+        got = _ROUTE_USES.get(graph)
+        if got is None:
+            got = _ROUTE_USES[graph] = _use_positions(graph, seq)
+        return got
+    return _use_positions(graph, seq)
+
+
+def _use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor]]]:
     needs, allocs = graph.needs_map, graph.allocs_map
     uses: dict[Tensor, list[int]] = defaultdict(list)
     last: dict[Tensor, int] = {}
@@ -87,10 +104,22 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
 
 
 def liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
-    """Compute each step of ``seq`` and free each tensor after its last use."""
+    """Compute each step of ``seq`` and free each tensor after its last use
+    (a new list each call; the ops themselves are immutable)."""
+    if seq is graph.route:
+        got = _ROUTE_LIVENESS.get(graph)
+        if got is None:
+            got = _ROUTE_LIVENESS[graph] = _liveness_seq(graph, seq)
+        return list(got)
+    return _liveness_seq(graph, seq)
+
+
+def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     _, frees = use_positions(graph, seq)
     ops: list[Op] = []
+    append, extend = ops.append, ops.extend
     for p, (phase, i) in enumerate(seq):
-        ops.append(Compute(phase, i))
-        ops.extend(Free(t) for t in frees[p])
+        append(Compute(phase, i))
+        if frees[p]:
+            extend(map(Free, frees[p]))
     return ops

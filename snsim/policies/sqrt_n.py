@@ -77,7 +77,7 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
             for st in range(1, stride):
                 k = sqrt_n_keep(g, st)
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
-                if replay.planned_peak(g, ops, cap)[1] is None:
+                if replay.fits(g, ops, cap):
                     keep, stride = k, st
                     s = plan_recompute("sqrt-n", ctx, keep, "speed")
                     break

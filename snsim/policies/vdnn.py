@@ -24,6 +24,7 @@ nothing and runs as fast as ``liveness``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 from snsim.graph import Graph
 from snsim.policies import register
@@ -55,7 +56,8 @@ def vdnn_ops(graph: Graph, conv_only: bool, limit: int | None = None) -> tuple[l
             break
         moved.add(t)
         first_consumer.setdefault(min(cons), []).append(t)
-        fwd_last.setdefault(max(u for u in uses[t] if u < n), []).append(t)
+        u = uses[t]   # sorted: the last forward use is the one before position n
+        fwd_last.setdefault(u[bisect_left(u, n) - 1], []).append(t)
     ops: list[Op] = []
     on_host: set = set()
     inbound: set = set()

@@ -70,9 +70,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     freed_at: dict = {}       # tensor -> op index of its last free
     steps = graph.route
     n_steps = len(steps)
-    needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.size
+    needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.sizes.__getitem__
     layers = graph.layers
     remade = graph.multi_result
+    born = graph.grads_born   # param_grad_bytes, inline
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -137,7 +138,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 # a resident S (saved extras re-made by a recompute), or a resident result
                 # of an op with several (its recompute returns them all), is overwritten
                 # in place
-            append((nbytes + graph.param_grad_bytes(step),
+            append((nbytes + (layers[op.layer].param_bytes if born and op.phase == "B" else 0),
                     workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
         elif tp is Free:
             t = op.tensor
@@ -182,37 +183,47 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
 
 def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
     """:func:`walk` without the rules: the same residency, so the same bytes."""
+    return list(iter_effects(graph, ops))
+
+
+def iter_effects(graph: Graph, ops: Sequence[Op]):
+    """The effects of :func:`walk` with ``check=False``, one op at a time, for a
+    reader that may stop early (a plan that does not fit is known at its first
+    op over the budget)."""
     resident: set = set()
     host: set = set()
-    add, discard = resident.add, resident.discard
-    allocs_of, size, layers = graph.allocs_map, graph.size, graph.layers
-    out: list[Effect] = []
-    append = out.append
+    add = resident.add
+    allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
+    born = graph.grads_born
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
-            step = (op.phase, op.layer)
-            if op.phase == "O":
-                append((0, graph.workspace_bytes(step), 0))
+            phase = op.phase
+            if phase == "O":
+                yield (0, graph.workspace_bytes((phase, op.layer)), 0)
                 continue
+            step = (phase, op.layer)
             nbytes = 0
             for t in allocs_of[step]:
                 if t not in resident:
                     add(t)
-                    nbytes += size(t)
-            append((nbytes + graph.param_grad_bytes(step), workspace(graph, ops, k, nbytes, host)
-                    if layers[op.layer].workspace else 0, 0))
+                    nbytes += sizes[t]
+            layer = layers[op.layer]
+            grads = layer.param_bytes if born and phase == "B" else 0
+            yield (nbytes + grads,
+                   workspace(graph, ops, k, nbytes, host) if layer.workspace else 0, 0)
         elif tp is Free:
-            discard(op.tensor)
-            append((0, 0, size(op.tensor)))
+            t = op.tensor
+            resident.discard(t)
+            yield (0, 0, sizes[t])
         elif tp is Prefetch:
-            add(op.tensor)
-            append((size(op.tensor), 0, 0))
+            t = op.tensor
+            add(t)
+            yield (sizes[t], 0, 0)
         else:
             if tp is Offload:
                 host.add(op.tensor)
-            append(_NONE)
-    return out
+            yield _NONE
 
 
 def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
@@ -284,3 +295,21 @@ def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
         if capacity is not None and first is None and top > capacity:
             first = k
     return peak, first
+
+
+def fits(graph: Graph, ops: Sequence[Op], capacity: int) -> bool:
+    """Does every op of ``ops`` fit ``capacity``, counting every free as immediate
+    (``planned_peak(graph, ops, capacity)[1] is None``, stopping at the first op
+    that does not)?"""
+    level = graph.trace.static_bytes
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for nbytes, ws, freed in iter_effects(graph, ops):
+            level += nbytes - freed
+            if level + ws > capacity:
+                return False
+        return True
+    finally:
+        if was:
+            gc.enable()

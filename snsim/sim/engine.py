@@ -137,7 +137,8 @@ class Replay:
                     self.peak = level
                 if record:
                     self.timeline.append(MemoryPoint(env.now, level, f"{op.phase}{op.layer}"))
-                start = env.now
+                if record:
+                    start = env.now
                 if dur:
                     yield timeout(dur)
                 if op.phase == "R":
