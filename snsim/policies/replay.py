@@ -56,8 +56,8 @@ def planned_peak(graph: Graph, ops: list[Op], capacity: int | None = None
 
 def fits(graph: Graph, ops: list[Op], capacity: int) -> bool:
     """``planned_peak(graph, ops, capacity)[1] is None``, stopping at the first op
-    that does not fit."""
-    return ledger.fits(graph, ops, capacity)
+    that does not fit; the optimizer step the plan will end with is counted (note 2)."""
+    return ledger.fits(graph, with_optimizer_step(graph, ops), capacity)
 
 
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:

@@ -89,11 +89,7 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
         if kind == "cache-only" and any(g.bwd_released(("B", i)) is not None
                                         for i in range(g.n)):
             live = plan_liveness(PlanContext(g)).ops
-<<<<<<< HEAD
-            if replay.planned_peak(g, live, cap)[1] is None:
-=======
-            if ledger.fits(g, live, cap):
->>>>>>> perf2
+            if replay.fits(g, live, cap):
                 # liveness fits once its backward steps hand their dying reads to
                 # autograd (bwd_released), which the cache's step-by-step check
                 # cannot count on: pure compute
