@@ -171,16 +171,16 @@ class Graph:
         """
         n, rg, layers = self.n, self.requires_grad, self.layers
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
-        members: dict[Tensor, list[int]] = {}
+        # storage -> the gradients in it still to be read (whose backward has not run)
+        live: dict[Tensor, set[int]] = {}
         self.grad_in: list[Tensor | None] = [None] * n
         self.grad_plan: dict[int, tuple] = {}
         for i in range(n - 1, -1, -1):
             if not rg[i]:
                 continue
-            own = G(i) if i == n - 1 else cur.get(i)
-            if own is None:   # nothing reads this layer's output with a gradient
-                own = G(i)
+            own = cur.get(i, G(i))   # the loss makes its own
             self.grad_in[i] = own
+            live.get(own, set()).discard(i)   # this step reads G_i for the last time
             shares = layers[i].extra.get("grad_shares", ())
             plan = []
             for j in dict.fromkeys(layers[i].inputs):
@@ -193,15 +193,14 @@ class Graph:
                     else:
                         cur[j] = G(j)
                         plan.append((j, NEW, G(j), None))
-                    members.setdefault(cur[j], []).append(j)
+                    live.setdefault(cur[j], set()).add(j)
                     continue
                 old = cur[j]
                 part = self.size(old) != layers[j].gradient_bytes
-                shared = part or any(m != j and m < i and cur.get(m) == old
-                                     for m in members.get(old, ()))
-                if shared:
+                if part or len(live[old]) > 1:   # a part, or shared with another
                     cur[j] = G(j)
-                    members.setdefault(G(j), []).append(j)
+                    live[old].discard(j)
+                    live.setdefault(G(j), set()).add(j)
                     plan.append((j, COPY, G(j), old))
                 else:
                     plan.append((j, ADD, old, old))

@@ -486,10 +486,13 @@ class Executor:
             n_parts = self.parts.get(j)
             if n_parts is None:
                 mode, where, old = plan[j]
-                if mode == SHARE and _ptr(gj) in own:
+                if mode == SHARE:
+                    if _ptr(gj) not in own:
+                        raise ScheduleError(f"G{j}: the trace says layer {i}'s backward "
+                                            "hands it its own gradient's storage; "
+                                            "autograd did not")
                     self._bind_grad(j, where, gj)
-                    continue
-                if mode == ADD:
+                elif mode == ADD:
                     self._grad(j).add_(gj)
                 elif mode == COPY:
                     total = self._grad(j) + gj
@@ -500,10 +503,6 @@ class Executor:
                     if _ptr(gj) in taken:   # [5] one storage per gradient the trace counts
                         gj = gj.clone()
                     taken.add(_ptr(gj))
-                    if mode == SHARE:   # autograd made a buffer after all: not the plan's
-                        raise ScheduleError(f"G{j}: the trace says layer {i}'s backward "
-                                            "hands it its own gradient's storage; autograd "
-                                            "did not")
                     store[where] = gj
                     self._bind_grad(j, where, gj)
             else:   # a tuple-valued layer [6]
