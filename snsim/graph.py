@@ -106,6 +106,14 @@ class Graph:
             self.sizes[("S", i)] = layer.saved_extra_bytes
             self.sizes[("G", i)] = layer.gradient_bytes
         self.sizes.update(self.result_bytes)
+        # in-place layers that write their output into an input's storage (DESIGN 3,
+        # "In-place storage"): layer -> the tensor whose storage X_i takes over
+        self.in_place_of: dict[int, Tensor] = {}
+        for layer in layers:
+            j = layer.extra.get("inplace_of")
+            if layer.extra.get("inplace_alias") and j in layer.inputs \
+                    and j not in self.results_of and "input_results" not in layer.extra:
+                self.in_place_of[layer.id] = X(j)
         self._plan_gradients()
         self.route: list[Step] = [("F", i) for i in range(n)]
         self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
@@ -286,6 +294,11 @@ class Graph:
     def size(self, t: Tensor) -> int:
         return self.sizes[t]
 
+    def alias_bytes(self, i: int) -> int:
+        """Bytes an in-place layer ``i`` writes into its input's storage instead of
+        allocating them (DESIGN 3, "In-place storage"), when that input dies at it."""
+        return min(self.sizes[X(i)], self.sizes[self.in_place_of[i]])
+
     def workspace_bytes(self, step: Step, algo: int = 0) -> int:
         if step[0] == "O":
             return self.optimizer_transient_bytes
@@ -437,6 +450,8 @@ class Graph:
             return self.optimizer_transient_bytes
         ws = self.layers[step[1]].workspace
         plain = self.step_bytes(step)
+        if step[0] != "B" and step[1] in self.in_place_of:
+            plain -= self.alias_bytes(step[1])   # its input dies into its output
         if not ws:
             return plain
         best = plain + self.min_workspace_bytes(step)

@@ -257,3 +257,40 @@ def shared_twice():
 FAMILIES = ("lstm_lm", "gru_classifier", "mha_classifier", "encoder_classifier", "tiny_vit",
             "tied_lm", "two_heads", "sdpa_model", "residual_mlp", "gated_mlp", "inplace_cnn",
             "transposed_linear", "shared_twice")
+
+
+class MutatedVariable(nn.Module):
+    """``h.relu_()`` whose result is dropped: later code reads the variable."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        h = self.c1(x)
+        h.relu_()
+        return self.head(h.mean(dim=(2, 3)))
+
+
+def mutated_variable():
+    return MutatedVariable(), _floats(BATCH, 3, 16, 16)
+
+
+class MutatedThroughView(nn.Module):
+    """Reads the old value's view after an in-place op changed it: not capturable."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.fc(x)
+        v = h.view(-1, 8, 2)
+        h = F.relu(h, inplace=True)
+        return self.head(torch.cat([h, v.flatten(1)], dim=1))
+
+
+def mutated_through_view():
+    return MutatedThroughView(), _floats(BATCH * 4, 16)

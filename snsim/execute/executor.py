@@ -57,6 +57,14 @@ inputs and outputs).  The pieces that make that true:
     whole-module layer (``nn.TransformerEncoderLayer``) would otherwise hold
     every parameter's gradient until its backward ends, where
     ``loss.backward()`` adds each into ``.grad`` and drops it at once.
+[9] In-place layers.  Where the ledger lets ``X_i`` take over its input's
+    storage (``in_place_steps``: the input dies at the step), the layer runs
+    the model's own in-place kernel on that storage, so no new memory is
+    allocated, as in the model.  Autograd refuses an in-place op on a leaf
+    (or a view of one), so the input's leaf alias passes through
+    ``capture.ShareStorage``, an identity whose result is a new tensor on the same
+    storage: the in-place op rebases that result's history, the gradient
+    still reaches the leaf's edge.
 """
 
 from __future__ import annotations
@@ -72,10 +80,11 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.graph import ADD, COPY, SHARE, Graph, tensor_name
-from snsim.schedule.ledger import dying_reads, effects, hands_over
+from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 
 from snsim.torchgraph import amp
+from snsim.torchgraph.capture import ShareStorage
 from snsim.torchgraph.program import Program
 
 
@@ -198,6 +207,7 @@ class Executor:
         # tensors each op makes resident or frees, which this class obeys.
         effects(graph, schedule)
         self.cuda = device.type == "cuda"
+        self.in_place = in_place_steps(graph, schedule.ops)   # [9]
         self.recomputed = {op.layer for op in schedule.ops
                            if op.action == COMPUTE and op.phase == "R"}
         self.static_ptrs: set[int] = set()
@@ -294,7 +304,7 @@ class Executor:
                 elif op.phase == "O":
                     self.optimizer.step()
                 else:
-                    self._forward(op.layer, op.phase == "R")
+                    self._forward(op.layer, op.phase == "R", k in self.in_place)
             elif act == RELEASE:
                 if op.tensor in self.freed_early:  # handed to autograd at its step [7]
                     self.freed_early.discard(op.tensor)
@@ -310,7 +320,7 @@ class Executor:
             raise ScheduleError(f"op {k} ({op}): {exc}") from None
 
     # --------------------------------------------------------------- compute
-    def _forward(self, i: int, recompute: bool) -> None:
+    def _forward(self, i: int, recompute: bool, in_place: bool = False) -> None:
         store = self.store
         if i == 0:
             b = self.batch
@@ -324,15 +334,16 @@ class Executor:
             self.rng[i] = self._rng_state()
         try:
             with self.autocast():   # the trace's mixed precision, forward only
-                self._run_layer(i)
+                self._run_layer(i, in_place)
         finally:
             if recompute:
                 self._leave_recompute(i, state, buffers)
 
-    def _run_layer(self, i: int) -> None:
+    def _run_layer(self, i: int, in_place: bool = False) -> None:
         g, store = self.g, self.store
         ins = dict.fromkeys(g.layers[i].inputs)
         needs_grad = g.requires_grad[i]
+        written = g.in_place_of[i][1] if in_place else None   # [9]
         values, leaves = {}, {}
         for j in ins:
             t = store.get(("X", j))
@@ -345,11 +356,13 @@ class Executor:
                     leaves[j] = aliases
                     it = iter(aliases)
                     values[j] = remap(t, lambda x: _or(next(it), x))
+                    if j == written:
+                        values[j] = ShareStorage.apply(values[j])
                     continue
-            values[j] = t
+            values[j] = t.detach() if j == written else t
         if not needs_grad:
             with torch.no_grad():
-                out = self.p.run(i, values)
+                out = self.p.run(i, values, in_place)
             store[("X", i)] = out
             self._note_parts(i, out)
             return
@@ -361,7 +374,7 @@ class Executor:
             return rec
 
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda rec: rec.get(store)):
-            out = self.p.run(i, values)
+            out = self.p.run(i, values, in_place)
         outs = flat(out)
         out_ptrs = {_ptr(o): k for k, o in enumerate(outs)}
         in_ptrs = {_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}

@@ -283,9 +283,10 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
                   created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   generator=f"snsim {__version__} profile", model_spec=spec,
                   fx_nodes=len(captured.graph_module.graph.nodes),
-                  notes="views fold into their producer; in-place ops are profiled out of "
-                        "place and marked inplace_of; the loss is cross entropy vs random "
-                        "integer targets (see snsim/profile/capture.py notes [1]-[6])")
+                  notes="views fold into their producer; in-place ops are marked inplace_of "
+                        "(inplace_alias: writes into that input's storage); the loss is cross "
+                        "entropy vs random integer targets (see snsim/torchgraph/capture.py "
+                        "notes [1]-[10])")
     doc = {"schema": SCHEMA, "model": ms.name, "batch": batch,
            "dtype": "float32", "input_shape": list(ms.input_shape), "source": source,
            "device": dev_block,
@@ -418,6 +419,8 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
     if layer.inplace_of is not None:
         d["inplace"] = True
         d["inplace_of"] = layer.inplace_of
+        if layer.inplace_alias:
+            d["inplace_alias"] = True
     return d
 
 

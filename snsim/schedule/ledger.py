@@ -74,6 +74,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     layers = graph.layers
     remade = graph.multi_result
     born = graph.grads_born   # param_grad_bytes, inline
+    in_place = graph.in_place_of
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -138,8 +139,11 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 # a resident S (saved extras re-made by a recompute), or a resident result
                 # of an op with several (its recompute returns them all), is overwritten
                 # in place
+            w = workspace(graph, ops, k, nbytes, host) if ws else 0
+            if op.layer in in_place and op.phase != "B":
+                w -= in_place_bytes(graph, ops, k, nbytes, host)
             append((nbytes + (layers[op.layer].param_bytes if born and op.phase == "B" else 0),
-                    workspace(graph, ops, k, nbytes, host) if ws else 0, 0))
+                    w, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -195,6 +199,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
     born = graph.grads_born
+    in_place = graph.in_place_of
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
@@ -210,8 +215,10 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                     nbytes += sizes[t]
             layer = layers[op.layer]
             grads = layer.param_bytes if born and phase == "B" else 0
-            yield (nbytes + grads,
-                   workspace(graph, ops, k, nbytes, host) if layer.workspace else 0, 0)
+            w = workspace(graph, ops, k, nbytes, host) if layer.workspace else 0
+            if op.layer in in_place and phase != "B":
+                w -= in_place_bytes(graph, ops, k, nbytes, host)
+            yield (nbytes + grads, w, 0)
         elif tp is Free:
             t = op.tensor
             resident.discard(t)
@@ -243,6 +250,54 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
         if t in needs and t not in host and t != own:
             out.append(t)
     return out
+
+
+def in_place_bytes(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> int:
+    """Bytes forward (or recompute) step ``ops[k]`` of an in-place layer writes into
+    its input's storage instead of allocating (DESIGN 3, "In-place storage"): where
+    the layer says it does (``inplace_alias``), the step makes ``X_i`` anew
+    (``nbytes`` holds it) and the run of frees right after it releases the input
+    ``X_j`` (no host copy: an offload may still be reading it).  0 otherwise."""
+    op = ops[k]
+    t = graph.in_place_of.get(op.layer)
+    if t is None or op.phase == "B" or t in host or nbytes < graph.sizes[("X", op.layer)]:
+        return 0
+    for nxt in ops[k + 1:]:
+        if nxt.action != RELEASE:
+            return 0
+        if nxt.tensor == t:
+            return graph.alias_bytes(op.layer)
+    return 0
+
+
+def in_place_steps(graph: Graph, ops: Sequence[Op]) -> frozenset:
+    """Indices of the ops that run in place (:func:`in_place_bytes` > 0): what the
+    executor runs with the layer's in-place kernel."""
+    if not graph.in_place_of:
+        return frozenset()
+    out = []
+    host: set = set()
+    resident: set = set()
+    allocs_of, sizes = graph.allocs_map, graph.sizes
+    for k, op in enumerate(ops):
+        tp = type(op)
+        if tp is Compute and op.phase in ("F", "R"):
+            nbytes = 0
+            for t in allocs_of[op.step]:
+                if t not in resident:
+                    resident.add(t)
+                    nbytes += sizes[t]
+            if op.layer in graph.in_place_of and in_place_bytes(graph, ops, k, nbytes, host):
+                out.append(k)
+        elif tp is Compute and op.phase == "B":
+            resident.update(allocs_of[op.step])
+        elif tp is Free:
+            resident.discard(op.tensor)
+        elif tp is Prefetch:
+            resident.add(op.tensor)
+        elif tp is Offload:
+            host.add(op.tensor)
+    return frozenset(out)
 
 
 def hands_over(graph: Graph, ops: Sequence[Op], k: int, host=()) -> bool:

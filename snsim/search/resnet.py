@@ -102,6 +102,7 @@ class _Builder:
         if inplace_of is not None:
             d["inplace"] = True
             d["inplace_of"] = inplace_of
+            d["inplace_alias"] = True   # it writes into its input's storage (capture [2])
         self.layers.append(d)
         self.shapes.append(tuple(shape))
         return i

@@ -19,12 +19,21 @@ Notes the code points back to:
     Nodes that depend on no layer (``arange`` positions, ``size()`` numbers,
     parameters read with ``get_attr``) are constants, not layers; a parameter
     counts in the ``param_bytes`` of the first layer that uses it.
-[2] In-place ops (``ReLU(inplace=True)``, ``+=``, ``relu_``) run out of place
-    while profiling, so that a recorded input is never overwritten and each
-    layer owns exactly one output; the layer is marked ``"inplace": true``
-    with ``"inplace_of"`` its input's id, which a policy may use to alias the
-    two.  DESIGN section 2 gives each layer its own ``X_i``, so such a layer is
-    counted as PyTorch-out-of-place (Caffe-style) by the simulator.
+[2] In-place ops (``ReLU(inplace=True)``, ``+=``, ``relu_``) are layers
+    marked ``"inplace": true`` with ``"inplace_of"`` the input they write
+    into.  The analysis (saved tensors, gradient shares) runs the model's own
+    in-place kernel (:func:`inplace_callable`) on a copy of that input passed
+    through :class:`ShareStorage` (autograd refuses in-place ops on leaves),
+    since what autograd saves differs in place (``LeakyReLU`` keeps its
+    result, not its input); the recorded op that the timing modules replay
+    runs out of place, so that no recorded input is overwritten.  Where the
+    output is the whole of a single-tensor input's storage the layer also
+    says ``"inplace_alias": true``, and the ledger lets ``X_i`` take over
+    ``X_j``'s storage where ``X_j`` dies at the step (DESIGN 3, "In-place
+    storage"); the executor then runs the in-place kernel.  Later readers of
+    the mutated variable read the modified value, so capture rewires them
+    to the in-place node; a model that reads the old value through another
+    view of it is refused.
 [3] ``saved_extra_bytes``: bytes of the distinct storages autograd saves for
     the node's backward, minus those that are its inputs, its output,
     parameters or buffers (weights are static memory), or constants passed to
@@ -157,6 +166,7 @@ class CapturedLayer:
     op: LayerOp | None           # None for the data layer
     target: str = ""
     inplace_of: int | None = None
+    inplace_alias: bool = False     # X_i is the whole of X_{inplace_of}'s storage [2]
     requires_grad: bool = True
     grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
     grad_shares: tuple[int, ...] = ()   # inputs whose gradient is G_i's storage [10]
@@ -228,6 +238,69 @@ def op_callable(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable, bool]:
     return (lambda self, *a, **k: getattr(self, name)(*a, **k)), inplace
 
 
+class ShareStorage(torch.autograd.Function):
+    """Identity whose result shares its input's storage without being a view of it,
+    so that an in-place op may write into it (autograd refuses one on a leaf or a
+    view of a leaf); the gradient passes through [2]."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.empty(0, dtype=x.dtype, device=x.device).set_(
+            x.untyped_storage(), x.storage_offset(), x.size(), x.stride())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def inplace_callable(gm: fx.GraphModule, node: fx.Node) -> Callable:
+    """The node's callable as the model runs it, in place [2] (what
+    :func:`op_callable` makes out of place)."""
+    if node.op == "call_module":
+        return gm.get_submodule(node.target)
+    if node.op == "call_function":
+        return node.target
+    name = node.target
+    return lambda self, *a, **k: getattr(self, name)(*a, **k)
+
+
+def _rewire_mutated(node: fx.Node, order: dict, node_layer) -> bool:
+    """After in-place ``node`` on ``node.args[0]``, later readers of that variable
+    read the modified value, which is ``node``'s: point them at ``node`` [2].  A
+    later reader of another view of the same layer would read modified data the
+    trace cannot name: refused.  Returns whether the graph changed."""
+    src = node.args[0]
+    here = order[node]
+    later = [u for u in src.users if u is not node and order.get(u, -1) > here]
+    for u in later:
+        u.replace_input_with(src, node)
+    lid = node_layer.get(src.name)
+    p = src   # back to the node that produced the layer, then through its views
+    while True:
+        back = [a for a in p.all_input_nodes if node_layer.get(a.name) == lid]
+        if not back:
+            break
+        p = back[0]
+    stack, seen = [p], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack += [u for u in n.users if node_layer.get(u.name) == lid]
+    for other in seen:
+        if other is src:
+            continue
+        readers = [u for u in other.users if order.get(u, -1) > here
+                   and not (u.op == "call_method" and u.target in ("size", "dim", "numel"))]
+        if readers:
+            raise SnsimError(f"in-place op {node.name} changes {src.name}, which "
+                             f"{readers[0].name} reads afterwards through {other.name}; "
+                             "profile needs the in-place result read through the op's "
+                             "return value")
+    return bool(later)
+
+
 class _SavedBytes:
     """Collect storages autograd saves while the hook is active [3]."""
 
@@ -286,6 +359,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
     placeholders = 0
     out_node = None
     rewritten = False   # the graph gained unbind nodes [8]: its code is regenerated once
+    order = {n: k for k, n in enumerate(nodes)}   # for in-place rewiring [2]
     for node in nodes:
         if progress is not None:
             progress(None)
@@ -307,7 +381,10 @@ def _capture(gm, nodes, example, progress) -> Capture:
         if node.op == "output":
             out_node = node.args[0]
             continue
+        before = len(layers)
         _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo, derived)
+        if len(layers) > before and layers[-1].inplace_of is not None:
+            rewritten |= _rewire_mutated(node, order, node_layer)
         unbound = _unbind_unpacking(gm, node, env)
         if unbound is not None:
             _run_node(gm, unbound, env, node_layer, layers, static_ids, seen_params, memo,
@@ -402,6 +479,10 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         node_layer[node.name] = node_layer[node.args[0].name]
         return
     fn, inplace = op_callable(gm, node)
+    first_arg = node.args[0] if node.args else None
+    mutated_node = first_arg if inplace and isinstance(first_arg, fx.Node) \
+        and node_layer.get(first_arg.name) is not None \
+        and isinstance(env[first_arg.name], torch.Tensor) else None
     const_params = [env[n.name] for n in producers if node_layer.get(n.name, 0) is None
                     and isinstance(env[n.name], nn.Parameter)]
     for n in dict.fromkeys(producers):  # parameters behind derived values [7]
@@ -429,6 +510,24 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
     op = LayerOp(call, recorded, grad_inputs=[layers[node_layer[n.name]].requires_grad
                                               for n in layer_args])
     leaves = op.leaves()
+    if mutated_node is not None:
+        # [2] the analysis runs the model's in-place kernel (what autograd saves in
+        # place differs: LeakyReLU keeps its result, not its input) on a copy of the
+        # input, which then holds the output
+        k0 = index[mutated_node.name]
+        x0 = leaves[k0]
+        leaves[k0] = x0.detach().clone().requires_grad_(x0.requires_grad)
+        fn_in_place = inplace_callable(gm, node)
+
+        def run(*xs):
+            xs = list(xs)
+            if xs[k0].requires_grad:
+                xs[k0] = ShareStorage.apply(xs[k0])
+            sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index
+                                  else value_of(n))
+            return fn_in_place(*sub[0], **sub[1])
+    else:
+        run = None
     op.key = _memo_key(gm, node, index, leaves, env) if memo is not None else None
     hit = memo.get(op.key) if op.key is not None else None
     if hit is not None:  # [6]
@@ -438,7 +537,7 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         saved = _SavedBytes()
         try:
             with saved.hooks():
-                out = call(*leaves)
+                out = (run or call)(*leaves)
         except Exception as exc:  # a model that fails on this input: the user's to fix
             shapes = ", ".join("x".join(map(str, x.shape)) for x in leaves)
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -446,6 +545,8 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
                              f"{type(exc).__name__}: {msg}") from None
     outs = tensors_of(out)
     leaf_ids = {_sid(x) for x in leaves}
+    if mutated_node is not None:   # that input's storage holds the output now [2]
+        leaf_ids.discard(_sid(leaves[index[mutated_node.name]]))
     if not outs:  # size(), shape numbers: constants
         env[node.name] = out
         node_layer[node.name] = None
@@ -485,12 +586,15 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
     target = (type(gm.get_submodule(node.target)).__name__ if node.op == "call_module"
               else getattr(node.target, "__name__", str(node.target)))
     requires_grad = bool(op.params) or any(op.grad_inputs)
+    mutated = node_layer[mutated_node.name] if mutated_node is not None else None
     layers.append(CapturedLayer(
         requires_grad=requires_grad,
         name=name, kind=kind, inputs=inputs, output_bytes=sum(nbytes(t) for t in outs),
         param_bytes=sum(nbytes(p) for p in new), saved_extra_bytes=extra, bwd_reads=reads,
         shape=tuple(first.shape), dtype=_dtype(first), op=op, target=target,
-        inplace_of=inputs[0] if inplace else None,
+        inplace_of=mutated,
+        inplace_alias=mutated is not None and isinstance(out, torch.Tensor)
+        and nbytes(out) == layers[mutated].output_bytes,
         grad_shares=_shared_inputs(shares, layer_args, node_layer)))
 
 

@@ -71,6 +71,9 @@ class Program:
                 if node.op != "placeholder":
                     fn, _ = cap.op_callable(self.gm, node)
                     self._fns[node.name] = fn
+        # the in-place kernels of layers that may write into their input's storage
+        # (capture note [2]; the executor runs them where the ledger says so)
+        self._in_place: dict[int, Callable] = {}
         targets = None
         for c in captured.layers:
             i = len(self.layers)
@@ -79,6 +82,8 @@ class Program:
                       if node is not None and node.op == "call_module" else None)
             params = list(c.op.params) if c.op is not None else []
             self.layers.append(LayerFn(i, node, c.inputs, module, params))
+            if c.inplace_alias and node is not None:
+                self._in_place[i] = cap.inplace_callable(self.gm, node)
             if c.kind == "loss":
                 targets = c.op
         if self.layers[-1].node is not None or targets is None:
@@ -153,8 +158,9 @@ class Program:
             for i in range(1, self.n - 1):
                 values[i] = self.run(i, values)
 
-    def run(self, i: int, values: dict[int, Any]) -> Any:
-        """Compute layer ``i`` from its input layers' tensors."""
+    def run(self, i: int, values: dict[int, Any], in_place: bool = False) -> Any:
+        """Compute layer ``i`` from its input layers' tensors; ``in_place``: with the
+        model's in-place kernel, writing into its first input (capture note [2])."""
         layer = self.layers[i]
         seen: dict = {}
         if i == self.n - 1:
@@ -163,7 +169,8 @@ class Program:
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values, seen))
-        return self._fns[node.name](*args, **kwargs)
+        fn = self._in_place[i] if in_place else self._fns[node.name]
+        return fn(*args, **kwargs)
 
     def existing_bytes(self) -> int:
         """Memory the model holds before a step: parameters, buffers, constants.

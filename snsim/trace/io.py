@@ -128,6 +128,9 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             if j not in raw["inputs"]:
                 raise TraceError(f"{where}, field grad_shares: layer {j} is not one of its "
                                  "inputs")
+        if raw.get("inplace_alias") and raw.get("inplace_of") not in raw["inputs"]:
+            raise TraceError(f"{where}, field inplace_alias: needs inplace_of, one of its "
+                             "inputs (the layer whose storage it writes into)")
         _oplog_check(raw, idx, layers, where)
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
             raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
