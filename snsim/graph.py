@@ -1,7 +1,8 @@
 """The iteration as a graph of steps and tensors (DESIGN.md section 2).
 
 Tensors are small tuples ``(kind, layer)``: ``("X", i)`` the forward output
-of layer i, ``("G", i)`` its gradient, ``("S", i)`` its saved extras.  Steps
+of layer i, ``("G", i)`` its gradient, ``("S", i)`` its saved extras,
+``("P", i)`` the buffer of its shared parameters' gradients.  Steps
 are ``(phase, layer)`` with phase ``"F"`` (forward), ``"B"`` (backward) or
 ``"R"`` (a recomputed forward, outside the route).
 
@@ -32,6 +33,11 @@ def G(i: int) -> Tensor:
 
 def S(i: int) -> Tensor:
     return ("S", i)
+
+
+def P(i: int) -> Tensor:
+    """The buffer autograd sums the gradients of layer i's shared parameters in."""
+    return ("P", i)
 
 
 def result(i: int, k: int) -> Tensor:
@@ -115,13 +121,6 @@ class Graph:
                     and j not in self.results_of and "input_results" not in layer.extra:
                 self.in_place_of[layer.id] = X(j)
         self._plan_gradients()
-        self.route: list[Step] = [("F", i) for i in range(n)]
-        self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
-        # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
-        self.needs_map: dict[Step, tuple[Tensor, ...]] = {}
-        self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
-        for i in range(n):
-            self._build_steps(i)
         # Training state (DESIGN 3a): the optimizer step ("O", n) follows the route
         # (``route`` stays the planners' forward and backward steps; ``plan`` appends
         # it to every schedule); it reads weights, gradients and state (static, or
@@ -130,6 +129,14 @@ class Graph:
         self.training = t = trace.training
         self.grads_born = bool(t is not None and t.set_to_none)
         self.optimizer_step: Step | None = ("O", n) if t is not None and t.has_step else None
+        self._plan_param_buffers()
+        self.route: list[Step] = [("F", i) for i in range(n)]
+        self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
+        # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
+        self.needs_map: dict[Step, tuple[Tensor, ...]] = {}
+        self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
+        for i in range(n):
+            self._build_steps(i)
 
     # ------------------------------------------------------------------ steps
     def _build_steps(self, i: int) -> None:
@@ -160,6 +167,8 @@ class Graph:
                 allocs.append(store)
             if mode in (ADD, COPY):
                 needs.append(old)
+        for p in self.buffer_steps.get(i, ()):   # shared parameters' buffers
+            (allocs if self.param_buffers[p][1][0] == i else needs).append(P(p))
         self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
         self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
 
@@ -214,6 +223,44 @@ class Graph:
                     plan.append((j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
+    def _plan_param_buffers(self) -> None:
+        """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).
+
+        A parameter that several backward steps differentiate gets its gradient
+        contributions summed by autograd in a buffer of its own, from the first
+        contributing step to the last, which adds it into ``.grad``.  Per owner
+        layer ``p`` (the one whose ``param_bytes`` count the parameters) that is
+        ``("P", p)``, of the most bytes any later layer lists for it in
+        ``param_shares``: made by the first contributor, needed by the others.
+        With ``set-to-none`` gradients the buffer *is* the gradient: it is born
+        at the first contributor instead of the owner (``born_bytes``), and there
+        is no ``("P", p)``."""
+        rg, layers = self.requires_grad, self.layers
+        users: dict[int, list[int]] = {}
+        shared: dict[int, int] = {}
+        for layer in layers:
+            for p, nb in layer.extra.get("param_shares", ()):
+                users.setdefault(p, []).append(layer.id)
+                shared[p] = max(shared.get(p, 0), nb)
+        # owner -> (bytes, contributing backward steps' layers in backward order)
+        self.param_buffers: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.buffer_steps: dict[int, list[int]] = {}   # layer -> owners it contributes to
+        # parameter-gradient bytes each backward step makes under set-to-none
+        self.born_bytes = [layer.param_bytes for layer in layers]
+        for p, us in users.items():
+            steps = tuple(sorted({u for u in us + [p] if rg[u]}, reverse=True))
+            if len(steps) < 2 or not shared[p]:
+                continue
+            if self.grads_born:
+                self.born_bytes[steps[0]] += shared[p]
+                if rg[p]:
+                    self.born_bytes[p] -= shared[p]
+                continue
+            self.param_buffers[p] = (shared[p], steps)
+            self.sizes[P(p)] = shared[p]
+            for u in steps:
+                self.buffer_steps.setdefault(u, []).append(p)
+
     def step_label(self, step: Step) -> str:
         """``B3 (conv3)``; the optimizer step ``O8 (adam step)``."""
         if step[0] == "O":
@@ -232,7 +279,7 @@ class Graph:
         """Parameter-gradient bytes ``step`` allocates: with ``set-to-none``
         gradients, a backward step makes its layer's (kept to the iteration's end)."""
         if self.grads_born and step[0] == "B":
-            return self.layers[step[1]].param_bytes
+            return self.born_bytes[step[1]]
         return 0
 
     @cached_property
@@ -334,7 +381,7 @@ class Graph:
             if step[0] == "B":
                 own = self.grad_in[step[1]]
                 out[step] = frozenset(t for t in self.needs_map[step]
-                                      if last.get(t) == k and t != own)
+                                      if last.get(t) == k and t != own and t[0] != "P")
         return out
 
     def step_ms(self, step: Step, algo: int = 0) -> float:

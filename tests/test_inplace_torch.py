@@ -42,9 +42,10 @@ def test_inplace_leaky_relu_reads_its_output_and_aliases_its_input():
 def test_in_place_runs_match_plain_pytorch(name):
     trace = from_dict(_doc(name), name)
     session = Session()
-    session.traces[(f"tests.families:{name}", None, None, "cpu")] = trace
-    out = validate_case(Case(model=f"tests.families:{name}", batch=None, policy="liveness",
-                             repeats=1, warmup=0), session)
+    case = Case(model=f"tests.families:{name}", batch=None, policy="liveness", repeats=1,
+                warmup=0)
+    session.traces[(case.model, None, None, "cpu", case.training)] = trace
+    out = validate_case(case, session)
     assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
     assert abs(out.peak_error) < 0.001, out.peak_error            # vs snsim's executor
     assert abs(out.plain_peak_error) < 0.001, out.plain_peak_error  # vs plain autograd

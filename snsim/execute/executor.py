@@ -57,6 +57,14 @@ inputs and outputs).  The pieces that make that true:
     whole-module layer (``nn.TransformerEncoderLayer``) would otherwise hold
     every parameter's gradient until its backward ends, where
     ``loss.backward()`` adds each into ``.grad`` and drops it at once.
+[10] Shared parameters (``Graph.param_buffers``, DESIGN 3).  A parameter
+    that several backward steps differentiate (a module called twice) has
+    its contributions summed in the store's ``P_p`` (one tensor per shared
+    parameter, in the owner's order), made by the first contributing step,
+    as autograd's AccumulateGrad input buffer holds them; the last
+    contributor adds it into ``.grad`` and the schedule frees it.  With
+    ``set-to-none`` gradients the first contribution is the gradient (the
+    hook of note [8]).
 [9] In-place layers.  Where the ledger lets ``X_i`` take over its input's
     storage (``in_place_steps``: the input dies at the step), the layer runs
     the model's own in-place kernel on that storage, so no new memory is
@@ -208,6 +216,15 @@ class Executor:
         effects(graph, schedule)
         self.cuda = device.type == "cuda"
         self.in_place = in_place_steps(graph, schedule.ops)   # [9]
+        # [10] id(parameter) -> (owner layer, its slot in the owner's buffer)
+        self.buffer_of: dict[int, tuple[int, int]] = {}
+        self.buffer_params: dict[int, list] = {}
+        for owner, (_, steps) in graph.param_buffers.items():
+            others = {id(q) for u in steps if u != owner for q in program.layers[u].params}
+            mine = [q for q in program.layers[owner].params if id(q) in others]
+            self.buffer_params[owner] = mine
+            for k, q in enumerate(mine):
+                self.buffer_of[id(q)] = (owner, k)
         self.recomputed = {op.layer for op in schedule.ops
                            if op.action == COMPUTE and op.phase == "R"}
         self.static_ptrs: set[int] = set()
@@ -478,7 +495,8 @@ class Executor:
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        hooks = [p.register_hook(self._accumulate(p)) for p in params]   # [8]
+        hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
+                                 else self._accumulate(p)) for p in params]   # [8], [10]
         if handed and i != self.g.n - 1:
             hooks.append(self._release_own(i, k_op, pairs))
         hooks = [h for h in hooks if h is not None]
@@ -489,6 +507,14 @@ class Executor:
             for h in hooks:
                 h.remove()
         del edge
+        for owner in self.g.buffer_steps.get(i, ()):   # the last contribution [10]
+            if self.g.param_buffers[owner][1][-1] == i:
+                parts = store.get(("P", owner))
+                if parts is None:
+                    raise ScheduleError(f"needs P{owner}, not resident")
+                for q, t in zip(self.buffer_params[owner], parts):
+                    if t is not None:
+                        q.grad.add_(t)
         own = {_ptr(gx) for _, gx in pairs}
         taken = set(own)
         plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
@@ -552,6 +578,27 @@ class Executor:
             else:
                 p.grad.add_(gp)
             return gp.new_zeros(()).expand(gp.shape)
+        return hook
+
+    def _into_buffer(self, q: torch.Tensor, i: int):
+        """A hook that sums shared parameter ``q``'s gradient from layer ``i``'s
+        backward into its owner's buffer ``P_p`` [10]."""
+        owner, k = self.buffer_of[id(q)]
+        key = ("P", owner)
+        first = self.g.param_buffers[owner][1][0] == i
+        n = len(self.buffer_params[owner])
+
+        def hook(gq: torch.Tensor) -> torch.Tensor:
+            parts = self.store.get(key)
+            if parts is None:
+                if not first:
+                    raise ScheduleError(f"needs P{owner}, not resident")
+                parts = self.store[key] = [None] * n
+            if parts[k] is None:
+                parts[k] = gq
+            else:
+                parts[k].add_(gq)
+            return gq.new_zeros(()).expand(gq.shape)
         return hook
 
     def _bind_grad(self, j: int, where, value: torch.Tensor, part=None) -> None:

@@ -308,7 +308,7 @@ class Planner:
         j = t[1]
         if t in self.pool.slot:
             self.pool.drop(t)
-        if t[0] != "S" and t[0] != "G":
+        if t[0] not in ("S", "G", "P"):
             for v in self.views[j]:   # a view goes with its storage
                 if ("X", v) in res:
                     self.free(("X", v))

@@ -56,11 +56,12 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
 
     for k, step in enumerate(back):
         for t in needs(step):
-            if t[0] != "G" and not keep[t[1]]:
+            if t[0] not in ("G", "P") and not keep[t[1]]:
                 ensure(t[1])
         seq.append(step)
         if avail:
-            nxt = {t[1] for t in needs(back[k + 1]) if t[0] != "G"} if k + 1 < len(back) else ()
+            nxt = {t[1] for t in needs(back[k + 1]) if t[0] not in ("G", "P")} \
+                if k + 1 < len(back) else ()
             avail = {j for j in avail if j in nxt}
     return seq
 

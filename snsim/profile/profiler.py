@@ -400,6 +400,8 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
         d["grad_bytes"] = layer.grad_bytes
     if layer.grad_shares:
         d["grad_shares"] = list(layer.grad_shares)
+    if layer.param_shares:
+        d["param_shares"] = [list(x) for x in layer.param_shares]
     for key in ("fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"):
         if key in t:
             d[key] = _r(t[key])

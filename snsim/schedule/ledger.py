@@ -73,7 +73,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.sizes.__getitem__
     layers = graph.layers
     remade = graph.multi_result
-    born = graph.grads_born   # param_grad_bytes, inline
+    born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
     in_place = graph.in_place_of
     pos = 0
     out: list[Effect] = []
@@ -142,8 +142,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             w = workspace(graph, ops, k, nbytes, host) if ws else 0
             if op.layer in in_place and op.phase != "B":
                 w -= in_place_bytes(graph, ops, k, nbytes, host)
-            append((nbytes + (layers[op.layer].param_bytes if born and op.phase == "B" else 0),
-                    w, 0))
+            append((nbytes + (born[op.layer] if born and op.phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
             if state.get(t, ABSENT) != RESIDENT:
@@ -198,7 +197,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     host: set = set()
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
-    born = graph.grads_born
+    born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
     for k, op in enumerate(ops):
         tp = type(op)
@@ -214,7 +213,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                     add(t)
                     nbytes += sizes[t]
             layer = layers[op.layer]
-            grads = layer.param_bytes if born and phase == "B" else 0
+            grads = born[op.layer] if born and phase == "B" else 0
             w = workspace(graph, ops, k, nbytes, host) if layer.workspace else 0
             if op.layer in in_place and phase != "B":
                 w -= in_place_bytes(graph, ops, k, nbytes, host)
@@ -237,8 +236,8 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
     """Tensors backward step ``ops[k]`` needs that the run of frees right after it
     releases: those the executor hands to autograd for the step (DESIGN, "Dying
     reads").  Not among them: a tensor with a host copy (its free may wait for
-    the copy) and the step's own output gradient ``G_i``, which the step holds
-    throughout."""
+    the copy), the step's own output gradient ``G_i`` and a shared parameters'
+    buffer ``P_j``, which the step holds throughout."""
     step = ops[k].step
     needs = graph.needs_map[step]
     own = graph.grad_in[step[1]]
@@ -247,7 +246,7 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
         if op.action != RELEASE:
             break
         t = op.tensor
-        if t in needs and t not in host and t != own:
+        if t in needs and t not in host and t != own and t[0] != "P":
             out.append(t)
     return out
 

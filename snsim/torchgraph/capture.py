@@ -81,6 +81,13 @@ Notes the code points back to:
     a reshape returns a view.  Read from autograd, never from a table of op
     names; memoized with the rest on ``meta`` [6].  Only single-tensor layers
     fed by single-tensor layers are checked (a tuple's gradient is a list).
+[11] A parameter used by several layers (a module called twice, a tied
+    weight read through ``W.t()``) counts in the ``param_bytes`` of the first
+    layer that uses it; every later layer that differentiates it lists
+    ``[owner, bytes]`` in ``param_shares``.  Autograd sums such a parameter's
+    gradient contributions in a buffer of its own (the AccumulateGrad node's
+    input buffer) from the first contributing backward step to the last
+    (DESIGN 3, "Shared parameters").
 """
 
 from __future__ import annotations
@@ -170,6 +177,7 @@ class CapturedLayer:
     requires_grad: bool = True
     grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
     grad_shares: tuple[int, ...] = ()   # inputs whose gradient is G_i's storage [10]
+    param_shares: tuple[tuple[int, int], ...] = ()   # (owner layer, bytes) used again [11]
 
 
 @dataclass
@@ -354,7 +362,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
     node_layer: dict[str, int | None] = {}
     static_ids = {_sid(t) for t in list(gm.parameters()) + list(gm.buffers())}
     memo: dict | None = {} if MEMO and example.device.type == "meta" else None
-    seen_params: set[int] = set()
+    seen_params: dict[int, int] = {}   # id(parameter) -> the layer that counts it [11]
     derived: dict[str, tuple[Callable[[], Any], list]] = {}
     placeholders = 0
     out_node = None
@@ -565,7 +573,12 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
     params += const_params
     op.params = [p for p in params if p.requires_grad]
     new = [p for p in params if id(p) not in seen_params]
-    seen_params.update(id(p) for p in new)
+    shared: dict[int, int] = {}   # [11] owner layer -> bytes of its parameters used again
+    for p in dict.fromkeys(op.params):
+        owner = seen_params.get(id(p))
+        if owner is not None:
+            shared[owner] = shared.get(owner, 0) + nbytes(p)
+    seen_params.update((id(p), len(layers)) for p in new)
     out_ids = {_sid(t) for t in outs}
     const_ids = {_sid(t) for t in tensors_of([env[n.name] for n in producers
                                             if node_layer.get(n.name, 0) is None])}
@@ -595,7 +608,8 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         inplace_of=mutated,
         inplace_alias=mutated is not None and isinstance(out, torch.Tensor)
         and nbytes(out) == layers[mutated].output_bytes,
-        grad_shares=_shared_inputs(shares, layer_args, node_layer)))
+        grad_shares=_shared_inputs(shares, layer_args, node_layer),
+        param_shares=tuple(sorted(shared.items()))))
 
 
 def _grad_shares(out, leaves, single) -> tuple[int, ...]:

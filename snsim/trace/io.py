@@ -128,6 +128,17 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             if j not in raw["inputs"]:
                 raise TraceError(f"{where}, field grad_shares: layer {j} is not one of its "
                                  "inputs")
+        for pair in raw.get("param_shares", ()):
+            if len(pair) != 2:
+                raise TraceError(f"{where}, field param_shares: {pair} is not a pair "
+                                 "[owner layer, bytes]")
+            owner, nb = pair
+            if owner >= idx:
+                raise TraceError(f"{where}, field param_shares: layer {owner} is not an "
+                                 "earlier layer (the parameters' owner comes first)")
+            if nb > layers[owner]["param_bytes"]:
+                raise TraceError(f"{where}, field param_shares: {nb} bytes of layer {owner}'s "
+                                 f"parameters, which has {layers[owner]['param_bytes']}")
         if raw.get("inplace_alias") and raw.get("inplace_of") not in raw["inputs"]:
             raise TraceError(f"{where}, field inplace_alias: needs inplace_of, one of its "
                              "inputs (the layer whose storage it writes into)")
