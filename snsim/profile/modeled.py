@@ -14,8 +14,12 @@ where ``flops_k`` comes from ``torch.utils.flop_counter``'s formula registry
 (convolutions, matmuls, attention; 0 for kernels it has no formula for),
 ``bytes_k`` is the bytes of the kernel's tensor arguments plus its outputs
 (each read or written once; views and allocations move nothing), ``P`` the
-preset's peak FP32 FLOP/s (the traces are float32; tensor-core rates are
-listed in the preset but not used), ``B`` its memory bandwidth.  Layer time =
+preset's peak FLOP/s in the kernel's precision: FP32, or, for a kernel with
+FLOPs whose first floating argument is bfloat16/float16 (a mixed-precision
+profile, ``--amp``: the layers run under ``torch.autocast`` on fake tensors,
+snsim.torchgraph.amp), the preset's BF16/FP16 rate
+(``DevicePreset.peak_flops``); such a kernel is recorded as ``[flops, bytes,
+"bf16"]``.  ``B`` is its memory bandwidth.  Layer time =
 sum over its kernels.  Constants (assumptions, not measurements):
 ``EFF_COMPUTE = 0.6`` (sustained fraction of peak for cuDNN/cuBLAS-class
 kernels), ``EFF_MEMORY = 0.8`` (STREAM-like fraction of peak bandwidth),
@@ -38,12 +42,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from snsim.torchgraph.amp import PRECISION
 from snsim.torchgraph.capture import LayerOp
 from snsim.devices import EFF_COMPUTE, EFF_MEMORY, T_LAUNCH_S, DevicePreset, kernel_seconds
 
 __all__ = ["EFF_COMPUTE", "EFF_MEMORY", "T_LAUNCH_S", "Cost", "CostMode", "layer_cost"]
 
-FORMULA = ("t_kernel = max(flops / (0.6 * peak_fp32), bytes_moved / (0.8 * mem_Bps)) + 5 us; "
+FORMULA = ("t_kernel = max(flops / (0.6 * peak), bytes_moved / (0.8 * mem_Bps)) + 5 us, "
+           "peak = the preset's FP32 rate, or its BF16/FP16 rate for a half-precision kernel; "
            "layer time = sum over its ATen kernels (forward; backward via autograd.grad); "
            "flops from torch.utils.flop_counter, bytes = tensor args + outputs")
 
@@ -59,8 +65,8 @@ class Cost:
     bytes: int = 0
     kernels: int = 0
     seconds: float = 0.0
-    # each kernel's (flops, bytes moved), in dispatch order: what re-prices the
-    # step on another preset (snsim.devices.step_ms, ``simulate --device``)
+    # each kernel's (flops, bytes moved[, precision]), in dispatch order: what
+    # re-prices the step on another preset (snsim.devices.step_ms, ``simulate --device``)
     each: list = field(default_factory=list)
 
 
@@ -83,13 +89,22 @@ class CostMode(TorchDispatchMode):
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
         moved = sum(t.numel() * t.element_size()
                     for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor))
+        precision = _precision(args) if flops else None
         c = self.cost
         c.flops += flops
         c.bytes += moved
         c.kernels += 1
-        c.seconds += kernel_seconds(flops, moved, self.preset)
-        c.each.append((flops, moved))
+        c.seconds += kernel_seconds(flops, moved, self.preset, precision)
+        c.each.append((flops, moved) if precision is None else (flops, moved, precision))
         return out
+
+
+def _precision(args) -> str | None:
+    """``bf16``/``fp16`` when the kernel's first floating argument is half, else None."""
+    for t in tree_flatten(args)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return PRECISION.get(t.dtype)
+    return None
 
 
 def layer_cost(op: LayerOp, preset: DevicePreset,

@@ -253,16 +253,12 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
             else:
                 bar.step()
         amp = "off" if training is None else training.amp
-        with autocast(amp, dev):   # activations in the dtypes autocast really makes
-            captured = cap.capture(ms.model, example, on_node)
         if preset is not None:
-            from snsim.profile import modeled
-            bar.phase("model", len(captured.layers))
-            cache: dict = {}
-            times = [_model_layer(layer, preset, modeled, bar, cache)
-                     for layer in captured.layers]
-            source, dev_block = _modeled_source(preset, modeled), _preset_device(preset)
+            captured, times = _modeled(ms, example, amp, preset, on_node, bar)
+            source, dev_block = _modeled_source(preset, amp), _preset_device(preset)
         else:
+            with autocast(amp, dev):   # activations in the dtypes autocast really makes
+                captured = cap.capture(ms.model, example, on_node)
             from snsim.profile import measure
             clock = measure.Clock(dev)
             bar.phase("time", (warmup + repeats) * (len(captured.layers) - 1))
@@ -339,6 +335,27 @@ def _validate(doc: dict[str, Any], label: str) -> str:
     return _validated_text
 
 
+def _modeled(ms, example, amp, preset, on_node, bar):
+    """Capture and price the layers on ``meta``; under ``--amp`` on fake tensors
+    of :func:`snsim.torchgraph.amp.rules_device`, inside its autocast."""
+    from snsim.profile import modeled
+    from snsim.torchgraph import amp as amp_mod
+
+    region = amp_mod.fake_region() if amp != "off" else contextlib.nullcontext(None)
+    with region as fake_dev:
+        model = ms.model
+        if fake_dev is not None:
+            model, example = amp_mod.to_fake(model, example, fake_dev)
+        with autocast(amp, example.device):
+            captured = cap.capture(model, example, on_node)
+            bar.phase("model", len(captured.layers))
+            cache: dict = {}
+            times = [_model_layer(layer, preset, modeled, bar, cache)
+                     for layer in captured.layers]
+    ms.model = model
+    return captured, times
+
+
 def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
     bar.step()
     if layer.op is None:
@@ -347,8 +364,8 @@ def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
     t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
          "fwd_flops": fwd.flops, "bwd_flops": bwd.flops,
          # each kernel's [flops, bytes]: lets simulate --device re-price the step
-         "fwd_kernels": [[f, b] for f, b in fwd.each],
-         "bwd_kernels": [[f, b] for f, b in bwd.each]}
+         "fwd_kernels": [list(k) for k in fwd.each],
+         "bwd_kernels": [list(k) for k in bwd.each]}
     if layer.kind == "conv":
         t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
                            "bwd_ms": t["bwd_ms"]}]
@@ -407,7 +424,7 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
             d[key] = int(t[key])
     for key in ("fwd_kernels", "bwd_kernels"):
         if key in t:
-            d[key] = [[int(f), int(b)] for f, b in t[key]]
+            d[key] = [[int(k[0]), int(k[1]), *k[2:]] for k in t[key]]
     if "workspace" in t:
         d["workspace"] = [{k: (_r(v) if k.endswith("_ms") else v) for k, v in w.items()}
                           for w in t["workspace"]]
@@ -421,12 +438,22 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
     return d
 
 
-def _modeled_source(preset, modeled) -> dict[str, Any]:
-    return {"kind": "modeled", "device": "meta", "device_name": preset.name,
-            "device_model": preset.key, "preset_source": preset.source,
-            "roofline": modeled.FORMULA,
-            "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
-                         "the model has no algorithm choices"}
+def _modeled_source(preset, amp) -> dict[str, Any]:
+    from snsim.profile import modeled
+    from snsim.torchgraph import amp as amp_mod
+
+    src = {"kind": "modeled", "device": "meta", "device_name": preset.name,
+           "device_model": preset.key, "preset_source": preset.source,
+           "roofline": modeled.FORMULA,
+           "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
+                        "the model has no algorithm choices"}
+    if amp != "off":
+        rules = amp_mod.rules_device().type
+        src["autocast"] = (f"{amp}: layers captured and priced under torch.autocast("
+                           f"{rules!r}) on fake tensors ({rules} autocast's per-op rules and "
+                           "weight-cast cache; half-precision kernels at the preset's "
+                           f"{amp} rate)")
+    return src
 
 
 def _preset_device(preset) -> dict[str, Any]:
