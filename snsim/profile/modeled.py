@@ -35,15 +35,18 @@ says so).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from snsim.torchgraph import amp as amp_mod
 from snsim.torchgraph.amp import PRECISION
-from snsim.torchgraph.capture import LayerOp
+from snsim.torchgraph.capture import LayerOp, capture
 from snsim.devices import EFF_COMPUTE, EFF_MEMORY, T_LAUNCH_S, DevicePreset, kernel_seconds
 
 __all__ = ["EFF_COMPUTE", "EFF_MEMORY", "T_LAUNCH_S", "Cost", "CostMode", "layer_cost"]
@@ -132,3 +135,60 @@ def layer_cost(op: LayerOp, preset: DevicePreset,
     fwd = fwd_mode.cost
     fwd.seconds = max(fwd.seconds, T_LAUNCH_S)
     return fwd, bwd
+
+
+def profile_layers(ms, example: torch.Tensor, amp: str, preset: DevicePreset, on_node, bar):
+    """Capture ``ms.model`` on ``example`` and price every layer: on ``meta``;
+    under ``--amp`` on fake tensors of :func:`snsim.torchgraph.amp.rules_device`,
+    inside its autocast (``ms.model`` is then the fake model).  Returns the
+    capture and each layer's times and kernels."""
+    region = amp_mod.fake_region() if amp != "off" else contextlib.nullcontext(None)
+    with region as fake_dev:
+        model = ms.model
+        if fake_dev is not None:
+            model, example = amp_mod.to_fake(model, example, fake_dev)
+        with amp_mod.autocast(amp, example.device):
+            captured = capture(model, example, on_node)
+            bar.phase("model", len(captured.layers))
+            cache: dict = {}
+            times = [_layer_times(layer, preset, bar, cache) for layer in captured.layers]
+    ms.model = model
+    return captured, times
+
+
+def _layer_times(layer, preset: DevicePreset, bar, cache) -> dict[str, Any]:
+    bar.step()
+    if layer.op is None:
+        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
+    fwd, bwd = layer_cost(layer.op, preset, cache)
+    t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
+         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops,
+         # each kernel's [flops, bytes(, precision)]: lets simulate --device re-price it
+         "fwd_kernels": [list(k) for k in fwd.each],
+         "bwd_kernels": [list(k) for k in bwd.each]}
+    if layer.kind == "conv":
+        t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
+                           "bwd_ms": t["bwd_ms"]}]
+    return t
+
+
+def source(preset: DevicePreset, amp: str) -> dict[str, Any]:
+    """The trace's ``source`` block of a modeled profile."""
+    src = {"kind": "modeled", "device": "meta", "device_name": preset.name,
+           "device_model": preset.key, "preset_source": preset.source,
+           "roofline": FORMULA,
+           "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
+                        "the model has no algorithm choices"}
+    if amp != "off":
+        rules = amp_mod.rules_device().type
+        src["autocast"] = (f"{amp}: layers captured and priced under torch.autocast("
+                           f"{rules!r}) on fake tensors ({rules} autocast's per-op rules and "
+                           "weight-cast cache; half-precision kernels at the preset's "
+                           f"{amp} rate)")
+    return src
+
+
+def device_block(preset: DevicePreset) -> dict[str, Any]:
+    """The trace's ``device`` block of a modeled profile: the preset's memory and links."""
+    return {"name": f"{preset.name} (preset {preset.key})", "memory_bytes": preset.memory_bytes,
+            "h2d_bytes_per_s": preset.h2d_Bps, "d2h_bytes_per_s": preset.d2h_Bps}

@@ -254,8 +254,10 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
                 bar.step()
         amp = "off" if training is None else training.amp
         if preset is not None:
-            captured, times = _modeled(ms, example, amp, preset, on_node, bar)
-            source, dev_block = _modeled_source(preset, amp), _preset_device(preset)
+            from snsim.profile import modeled
+
+            captured, times = modeled.profile_layers(ms, example, amp, preset, on_node, bar)
+            source, dev_block = modeled.source(preset, amp), modeled.device_block(preset)
         else:
             with autocast(amp, dev):   # activations in the dtypes autocast really makes
                 captured = cap.capture(ms.model, example, on_node)
@@ -335,43 +337,6 @@ def _validate(doc: dict[str, Any], label: str) -> str:
     return _validated_text
 
 
-def _modeled(ms, example, amp, preset, on_node, bar):
-    """Capture and price the layers on ``meta``; under ``--amp`` on fake tensors
-    of :func:`snsim.torchgraph.amp.rules_device`, inside its autocast."""
-    from snsim.profile import modeled
-    from snsim.torchgraph import amp as amp_mod
-
-    region = amp_mod.fake_region() if amp != "off" else contextlib.nullcontext(None)
-    with region as fake_dev:
-        model = ms.model
-        if fake_dev is not None:
-            model, example = amp_mod.to_fake(model, example, fake_dev)
-        with autocast(amp, example.device):
-            captured = cap.capture(model, example, on_node)
-            bar.phase("model", len(captured.layers))
-            cache: dict = {}
-            times = [_model_layer(layer, preset, modeled, bar, cache)
-                     for layer in captured.layers]
-    ms.model = model
-    return captured, times
-
-
-def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
-    bar.step()
-    if layer.op is None:
-        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
-    fwd, bwd = modeled.layer_cost(layer.op, preset, cache)
-    t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
-         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops,
-         # each kernel's [flops, bytes]: lets simulate --device re-price the step
-         "fwd_kernels": [list(k) for k in fwd.each],
-         "bwd_kernels": [list(k) for k in bwd.each]}
-    if layer.kind == "conv":
-        t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
-                           "bwd_ms": t["bwd_ms"]}]
-    return t
-
-
 @contextlib.contextmanager
 def _cudnn_heuristic(dev: torch.device):
     """Time passes with cuDNN's heuristic algorithms (the first workspace entry)."""
@@ -436,29 +401,6 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
         d["inplace"] = True
         d["inplace_of"] = layer.inplace_of
     return d
-
-
-def _modeled_source(preset, amp) -> dict[str, Any]:
-    from snsim.profile import modeled
-    from snsim.torchgraph import amp as amp_mod
-
-    src = {"kind": "modeled", "device": "meta", "device_name": preset.name,
-           "device_model": preset.key, "preset_source": preset.source,
-           "roofline": modeled.FORMULA,
-           "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
-                        "the model has no algorithm choices"}
-    if amp != "off":
-        rules = amp_mod.rules_device().type
-        src["autocast"] = (f"{amp}: layers captured and priced under torch.autocast("
-                           f"{rules!r}) on fake tensors ({rules} autocast's per-op rules and "
-                           "weight-cast cache; half-precision kernels at the preset's "
-                           f"{amp} rate)")
-    return src
-
-
-def _preset_device(preset) -> dict[str, Any]:
-    return {"name": f"{preset.name} (preset {preset.key})", "memory_bytes": preset.memory_bytes,
-            "h2d_bytes_per_s": preset.h2d_Bps, "d2h_bytes_per_s": preset.d2h_Bps}
 
 
 def cpu_name() -> str:
