@@ -107,3 +107,37 @@ def test_dead_end_branch_has_no_backward():
     _, live = run(t, "liveness")
     # X2 is freed right after F2 makes it
     assert ("free X2", 208) in [(p.what, p.level_bytes) for p in live.timeline]
+
+
+def test_measure_peak_collects_garbage_before_its_window():
+    """A tensor from an earlier window, garbage in a reference cycle, must not
+    be freed by a GC pass inside the next window (the peak read low)."""
+    import gc
+
+    import torch
+
+    from snsim.execute.memory import measure_peak
+
+    cpu = torch.device("cpu")
+    holder = {}
+
+    def make():
+        cycle = [torch.ones(250_000)]   # 1 MB, allocated while the profiler tracks it
+        cycle.append(cycle)
+        holder["x"] = cycle
+
+    enabled = gc.isenabled()
+    gc.disable()   # only the collections below
+    try:
+        measure_peak(make, cpu, 0)
+        del holder["x"]   # unreachable now, but not freed: a cycle
+
+        def step():
+            gc.collect()   # a GC pass inside the window
+            t = torch.ones(1000)
+            del t
+
+        assert measure_peak(step, cpu, 0).peak_bytes == 4000
+    finally:
+        if enabled:
+            gc.enable()

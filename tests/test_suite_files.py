@@ -64,6 +64,11 @@ BAD = [
     (_suite(case=CASE + CASE.replace("resnet18", "resnet19")), "case 2 (resnet19): unknown model"),
     (_suite(case=CASE.replace("[3, 32, 32]", "[32, 32]")), "takes an input shape of 3 numbers"),
     (_suite(case=CASE.replace('"resnet18"', '"gpt:seq=128"')), "has no parameter 'seq'"),
+    (_suite(case=CASE + 'optimizer = "adam"\noffload_optimizer = "yes"\n'),
+     "offload_optimizer must be true or false"),
+    (_suite(case=CASE + "offload_optimizer = true\n"), "needs an optimizer with a step"),
+    (_suite(case=CASE + 'optimizer = "adam"\noffload_optimizer = true\n'),
+     "offload_optimizer is an option of the swapping policies, not of liveness"),
 ]
 
 

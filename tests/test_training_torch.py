@@ -104,13 +104,6 @@ def test_bf16_autocast_activation_sizes_and_whole_step(tmp_path, capsys):
     assert abs(out.peak_error) <= 0.01, out.to_dict()
 
 
-def test_amp_on_a_modeled_trace_is_refused(capsys):
-    assert main(["profile", "--model", "resnet18", "--batch", "2", "--amp", "bf16",
-                 "--device-model", "a100", "--out", "/tmp/never-written.json"]) == 2
-    err = capsys.readouterr().err
-    assert "modeled traces (--device-model) have no mixed precision yet" in err
-
-
 def test_modeled_trace_records_the_optimizer_and_models_its_step(tmp_path, capsys):
     path = tmp_path / "m.json"
     assert main(["profile", "--model", "toymodels:concat", "--batch", "2", "--device-model",

@@ -24,7 +24,15 @@ inputs and outputs).  The pieces that make that true:
     worker thread per direction (the copy engines; numpy releases the GIL
     while copying), so copies overlap compute as in the simulator.  On CUDA:
     pinned host buffers and one copy stream per direction, with events, so
-    compute waits only at the schedule's ``Wait``.
+    compute waits only at the schedule's ``Wait``.  On CPU a copy job holds
+    the device tensors it reads until it ends, so a free issued meanwhile
+    releases memory only then; the compute thread drops them (``_reap``,
+    before each op and at each wait), never the copy thread: the CPU
+    allocator reports a free to the profiler only on a thread the profiler
+    runs on, and a free in the copy thread left the measured running total
+    that much too high for the rest of the window (vdnn-all on
+    ``toymodels:residual`` read 482,088 B for a 265,000 B step, depending
+    on which thread happened to drop the last reference).
 [5] Gradient storage follows the graph's plan (``Graph.grad_plan``, DESIGN
     3): the store holds each gradient *storage* under its tensor name, and a
     logical ``G_j`` is a view of one (``self.gview``: storage, shape, stride,
@@ -230,9 +238,13 @@ class Executor:
         self.static_ptrs: set[int] = set()
         # the trace's optimizer, its state created before any step (DESIGN 3a): run
         # at the schedule's optimizer step
-        self.optimizer = optim.make(graph.training, program.param_list) \
-            if graph.optimizer_step is not None else None
-        optim.initialize(self.optimizer)
+        # (offloaded, ZeRO-Offload style: on the host, optim.Offloaded)
+        self.optimizer = None
+        if graph.optimizer_step is not None and graph.training.offload:
+            self.optimizer = optim.Offloaded(graph.training, program.param_list)
+        elif graph.optimizer_step is not None:
+            self.optimizer = optim.make(graph.training, program.param_list)
+            optim.initialize(self.optimizer)
         self.amp = amp.of(graph.training)
         if self.cuda:
             self.d2h = torch.cuda.Stream(device)
@@ -262,7 +274,10 @@ class Executor:
         return amp.autocast(self.amp, self.device)
 
     def state_bytes(self) -> int:
-        """Bytes of the optimizer's state (static, created before any step)."""
+        """Bytes of the optimizer's state in device memory (static, created
+        before any step; none when it is offloaded to the host)."""
+        if isinstance(self.optimizer, optim.Offloaded):
+            return 0
         return optim.state_bytes(self.optimizer)
 
     def release(self) -> None:
@@ -290,6 +305,7 @@ class Executor:
         self.edges: dict[int, _Edge] = {}
         self.host: dict = {}
         self.events: dict = {}
+        self.holding: list = []   # (copy job, the device tensors it holds) [4]
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
         self.gview: dict[int, tuple] = {}  # logical G_j -> (storage, size, stride, offset) [5]
@@ -309,10 +325,23 @@ class Executor:
                 ev.synchronize()
             else:
                 ev.result()
+        self._reap()
         self.store = self.extras = self.edges = self.host = self.events = {}
         self.skeletons = {}
 
+    def _reap(self) -> None:
+        """Drop the device tensors of copy jobs that have ended, on this thread [4]."""
+        if self.holding:
+            still = []
+            for fut, jobs in self.holding:
+                if fut.done():
+                    jobs.clear()
+                else:
+                    still.append((fut, jobs))
+            self.holding = still
+
     def _do(self, k: int, op) -> None:
+        self._reap()
         try:
             act = op.action
             if act == COMPUTE:
@@ -718,6 +747,7 @@ class Executor:
             # The job holds the device tensors until the copy ends, so a Free
             # issued meanwhile releases memory only then (a free under way).
             self.events[t] = self.d2h_pool.submit(_copy_all, jobs, None)
+            self.holding.append((self.events[t], jobs))
 
     def _prefetch(self, t) -> None:
         items, copies = self.host[t]
@@ -756,8 +786,11 @@ class Executor:
             torch.cuda.current_stream(self.device).wait_event(ev)
         else:
             ev.result()
+            self._reap()
 
     def close(self) -> None:
+        if isinstance(self.optimizer, optim.Offloaded):
+            self.optimizer.close()
         self.optimizer = None   # its state goes with it
         if not self.cuda:
             self.h2d_pool.shutdown()
@@ -770,4 +803,4 @@ def _copy_all(jobs, after) -> None:
         after.result()  # a prefetch waits for the offload that made its host copy
     for dst, src in jobs:
         np.copyto(dst, src)
-    jobs.clear()  # drop the device tensors: a pending free completes now
+    # the jobs keep the device tensors: the compute thread drops them (_reap) [4]

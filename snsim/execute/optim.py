@@ -13,8 +13,10 @@ of training after the first.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+import numpy as np
 import torch
 
 LR = 1e-3
@@ -69,11 +71,13 @@ def make(training, params: Sequence[torch.Tensor]):
 
 def loss_scale(opt) -> float:
     """The factor backward starts from: the scaler's scale, else 1."""
+    opt = opt.inner if isinstance(opt, Offloaded) else opt
     return float(opt.scaler.get_scale()) if isinstance(opt, Scaled) else 1.0
 
 
 def scaled(opt, loss: torch.Tensor) -> torch.Tensor:
     """``loss`` as backward should start from it (``scaler.scale(loss)`` under fp16)."""
+    opt = opt.inner if isinstance(opt, Offloaded) else opt
     return opt.scaler.scale(loss) if isinstance(opt, Scaled) else loss
 
 
@@ -100,6 +104,7 @@ def state_bytes(opt: torch.optim.Optimizer | None) -> int:
     scaler's."""
     if opt is None:
         return 0
+    opt = opt.inner if isinstance(opt, Offloaded) else opt
     seen: dict[int, int] = {}
     if isinstance(opt, Scaled):
         seen[-1] = opt.scaler_bytes()
@@ -113,3 +118,57 @@ def state_bytes(opt: torch.optim.Optimizer | None) -> int:
 
 def param_tensors(opt: torch.optim.Optimizer | None) -> int:
     return 0 if opt is None else sum(len(g["params"]) for g in opt.param_groups)
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in host memory: pinned beside a GPU; on a CPU a numpy
+    buffer, which the torch allocator (whose events the CPU measurement reads)
+    does not count, as the executor's offloads are (executor note [4])."""
+    t = t.detach()
+    if t.device.type == "cuda":
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+    try:
+        return torch.from_numpy(t.numpy().copy())
+    except TypeError:   # no numpy dtype (bfloat16): an ordinary host tensor
+        return t.clone()
+
+
+class Offloaded:
+    """The optimizer offloaded ZeRO-Offload style (``training.offload``,
+    docs/DESIGN.md 3a): a host copy of every parameter (the master weights),
+    the optimizer built on those and its state in host memory; ``step()``
+    copies the gradients to the host (device to host), runs the real
+    ``torch.optim`` step there, and copies the parameters back (host to
+    device), one after the other, as the simulator's offloaded step.  The step
+    runs in a host thread of its own: its temporaries are host memory, which
+    the CPU measurement (the allocator's events on the compute thread) does
+    not see while the compute thread waits, as a GPU's accounting would not."""
+
+    def __init__(self, training, params: Sequence[torch.Tensor]):
+        self.params = list(params)
+        self.host_params = [host_copy(p) for p in self.params]
+        self.host_grads = [host_copy(p) for p in self.params]
+        self.inner = make(training, self.host_params)
+        initialize(self.inner)
+        opt = self.inner.opt if isinstance(self.inner, Scaled) else self.inner
+        for state in opt.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    state[k] = host_copy(v)
+        self.param_groups, self.state = opt.param_groups, opt.state
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="snsim-host")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, hp, hg in zip(self.params, self.host_params, self.host_grads):
+            if p.grad is None:   # a parameter without a gradient this step
+                hp.grad = None
+            else:
+                hg.copy_(p.grad)   # device to host
+                hp.grad = hg
+        self.pool.submit(self.inner.step).result()   # the host step
+        for p, hp in zip(self.params, self.host_params):
+            p.copy_(hp)            # host to device
+
+    def close(self) -> None:
+        self.pool.shutdown()

@@ -50,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record the gradient lifetime: resident (default) or "
                              "set-to-none (born in backward, kept to the optimizer step)")
     parser.add_argument("--amp", choices=AMPS,
-                        help="profile under torch.autocast (bf16 or fp16; measured mode "
-                             "only): activations in the dtypes autocast makes, its weight "
-                             "casts counted; default: off (no record)")
+                        help="profile under torch.autocast (bf16 or fp16): activations in "
+                             "the dtypes autocast makes, its weight casts counted; modeled "
+                             "traces apply autocast's rules on fake tensors and price "
+                             "half-precision kernels at the preset's rate; default: off")
     parser.add_argument("--out", metavar="TRACE.json", help="trace file to write")
     parser.add_argument("--no-progress", action="store_true",
                         help="hide the progress bar (it is off anyway when stderr is not a "
@@ -131,9 +132,6 @@ def run(args: argparse.Namespace) -> int:
     if optimizer is not None or grads is not None or amsgrad or amp is not None:
         if amsgrad and optimizer not in ("adam", "adamw"):
             raise SnsimError("--amsgrad needs --optimizer adam or adamw")
-        if amp not in (None, "off") and args.device_model is not None:
-            raise SnsimError(f"--amp {amp} is profiled under torch.autocast on a real device; "
-                             "modeled traces (--device-model) have no mixed precision yet")
         training = Training(optimizer=optimizer or "sgd", amsgrad=amsgrad,
                             grads=grads or "resident", amp=amp or "off")
     check_writable(args.out)

@@ -253,16 +253,14 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
             else:
                 bar.step()
         amp = "off" if training is None else training.amp
-        with autocast(amp, dev):   # activations in the dtypes autocast really makes
-            captured = cap.capture(ms.model, example, on_node)
         if preset is not None:
             from snsim.profile import modeled
-            bar.phase("model", len(captured.layers))
-            cache: dict = {}
-            times = [_model_layer(layer, preset, modeled, bar, cache)
-                     for layer in captured.layers]
-            source, dev_block = _modeled_source(preset, modeled), _preset_device(preset)
+
+            captured, times = modeled.profile_layers(ms, example, amp, preset, on_node, bar)
+            source, dev_block = modeled.source(preset, amp), modeled.device_block(preset)
         else:
+            with autocast(amp, dev):   # activations in the dtypes autocast really makes
+                captured = cap.capture(ms.model, example, on_node)
             from snsim.profile import measure
             clock = measure.Clock(dev)
             bar.phase("time", (warmup + repeats) * (len(captured.layers) - 1))
@@ -340,22 +338,6 @@ def _validate(doc: dict[str, Any], label: str) -> str:
     return _validated_text
 
 
-def _model_layer(layer, preset, modeled, bar, cache) -> dict[str, Any]:
-    bar.step()
-    if layer.op is None:
-        return {"fwd_ms": 0.0, "bwd_ms": 0.0}
-    fwd, bwd = modeled.layer_cost(layer.op, preset, cache)
-    t = {"fwd_ms": fwd.seconds * 1e3, "bwd_ms": bwd.seconds * 1e3,
-         "fwd_flops": fwd.flops, "bwd_flops": bwd.flops,
-         # each kernel's [flops, bytes]: lets simulate --device re-price the step
-         "fwd_kernels": [[f, b] for f, b in fwd.each],
-         "bwd_kernels": [[f, b] for f, b in bwd.each]}
-    if layer.kind == "conv":
-        t["workspace"] = [{"algo": "modeled-default", "bytes": 0, "fwd_ms": t["fwd_ms"],
-                           "bwd_ms": t["bwd_ms"]}]
-    return t
-
-
 @contextlib.contextmanager
 def _cudnn_heuristic(dev: torch.device):
     """Time passes with cuDNN's heuristic algorithms (the first workspace entry)."""
@@ -410,7 +392,7 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
             d[key] = int(t[key])
     for key in ("fwd_kernels", "bwd_kernels"):
         if key in t:
-            d[key] = [[int(f), int(b)] for f, b in t[key]]
+            d[key] = [[int(k[0]), int(k[1]), *k[2:]] for k in t[key]]
     if "workspace" in t:
         d["workspace"] = [{k: (_r(v) if k.endswith("_ms") else v) for k, v in w.items()}
                           for w in t["workspace"]]
@@ -424,19 +406,6 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
         if layer.inplace_alias:
             d["inplace_alias"] = True
     return d
-
-
-def _modeled_source(preset, modeled) -> dict[str, Any]:
-    return {"kind": "modeled", "device": "meta", "device_name": preset.name,
-            "device_model": preset.key, "preset_source": preset.source,
-            "roofline": modeled.FORMULA,
-            "workspace": "modeled: one 'modeled-default' entry (0 bytes) per convolution; "
-                         "the model has no algorithm choices"}
-
-
-def _preset_device(preset) -> dict[str, Any]:
-    return {"name": f"{preset.name} (preset {preset.key})", "memory_bytes": preset.memory_bytes,
-            "h2d_bytes_per_s": preset.h2d_Bps, "d2h_bytes_per_s": preset.d2h_Bps}
 
 
 def cpu_name() -> str:

@@ -6,8 +6,8 @@ layers).  The nodes then run one at a time, each on *leaf* copies of its
 recorded inputs, which gives exact output shapes, the tensors autograd saves
 (through ``torch.autograd.graph.saved_tensors_hooks``) and, for the timing
 modules, a self-contained op to replay (:class:`LayerOp`).  The same code runs
-on a real device (measured mode) and on ``meta`` (modeled mode), so both give
-the same bytes.
+on a real device (measured mode) and on ``meta`` (modeled mode; fake tensors
+under autocast, snsim.torchgraph.amp), so both give the same bytes.
 
 Notes the code points back to:
 
@@ -53,7 +53,8 @@ Notes the code points back to:
     a constant, not a layer.  A model returning several tensors (a tuple or
     list) gets one cross entropy per output, each against its own targets,
     summed: the loss layer's inputs are all the output layers.
-[6] On ``meta`` only, results are memoized by what determines them: a stock
+[6] On ``meta`` (and fake tensors, a modeled mixed-precision profile:
+    snsim.torchgraph.amp) only, results are memoized by what determines them: a stock
     ``torch.nn`` module's type, ``extra_repr()`` (its whole configuration),
     parameter shapes and training flag, or a function's identity, plus the
     shapes, strides and dtypes of the arguments.  ResNet-2500's 8336 layers
@@ -105,6 +106,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from snsim.errors import SnsimError
+from snsim.torchgraph.amp import is_fake
 from snsim.torchgraph.kinds import OUT_OF_PLACE, bwd_reads, kind_of
 
 MEMO = True  # note [6]
@@ -361,7 +363,8 @@ def _capture(gm, nodes, example, progress) -> Capture:
     env: dict[str, Any] = {}
     node_layer: dict[str, int | None] = {}
     static_ids = {_sid(t) for t in list(gm.parameters()) + list(gm.buffers())}
-    memo: dict | None = {} if MEMO and example.device.type == "meta" else None
+    memo: dict | None = {} if MEMO and (example.device.type == "meta" or is_fake(example)) \
+        else None
     seen_params: dict[int, int] = {}   # id(parameter) -> the layer that counts it [11]
     derived: dict[str, tuple[Callable[[], Any], list]] = {}
     placeholders = 0

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gradient lifetime: resident (default) or set-to-none")
     parser.add_argument("--amp", choices=AMPS,
                         help="profile and run under torch.autocast (bf16, fp16); default off")
+    parser.add_argument("--offload-optimizer", action="store_true",
+                        help="with a swapping policy: the optimizer's state and step on the "
+                             "host (ZeRO-Offload), run so by the executor")
     parser.add_argument("--json", action="store_true", help="print exactly the JSON result")
     parser.add_argument("--suite", metavar="SUITE.toml", help="run a validation suite")
     parser.add_argument("--no-progress", action="store_true",
@@ -67,6 +70,14 @@ def check_case(case, trace_path: str | None) -> str | None:
     if case.policy != "best" and case.policy not in policies.names():
         raise SnsimError(f"unknown policy {case.policy!r}; choose from: "
                          + ", ".join(policies.names()) + ", best")
+    if getattr(case, "offload_optimizer", False):
+        takes = [n for n in policies.names() if "offload_optimizer" in policies.get(n).options]
+        if case.policy not in takes:
+            raise SnsimError(f"--offload-optimizer is an option of the swapping policies "
+                             f"({', '.join(takes)}), not of {case.policy}")
+        if case.optimizer in (None, "none") and trace_path is None:
+            raise SnsimError("--offload-optimizer needs an optimizer with a step: add "
+                             "--optimizer")
     try:
         parse_budget(case.budget, 0)  # its form; the lower bound is checked with the trace
     except SnsimError as exc:
@@ -122,13 +133,14 @@ def run(args: argparse.Namespace) -> int:
 
     optimizer, grads = getattr(args, "optimizer", None), getattr(args, "grads", None)
     amp = getattr(args, "amp", None)
+    offload = getattr(args, "offload_optimizer", False)
     if args.trace and (optimizer or grads or amp):
         raise SnsimError("--optimizer/--grads/--amp profile the model with that training state; "
                          "with --trace the trace's own training record is used: drop one")
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
                 device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup,
-                optimizer=optimizer, grads=grads, amp=amp)
+                optimizer=optimizer, grads=grads, amp=amp, offload_optimizer=offload)
     warning = check_case(case, args.trace)  # before any model is profiled
     session = Session(progress=not args.json and not args.no_progress and sys.stderr.isatty())
     out = validate_case(case, session, args.trace)
@@ -158,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     if out.optimizer or out.grads or out.amp:
         print(f"  training     optimizer {out.optimizer or 'sgd'} (state "
               f"{fmt_bytes(out.optimizer_state_bytes)}), gradients {out.grads or 'resident'}, "
-              f"amp {out.amp or 'off'}: whole step, optimizer step included")
+              f"amp {out.amp or 'off'}: whole step, optimizer step included"
+              + (" (state and step on the host)" if out.offload_optimizer else ""))
     print(f"  plain PyTorch: liveness predicts {fmt_bytes(out.liveness_predicted_peak_bytes):>12}"
           f"  autograd measured {fmt_bytes(out.plain_peak_bytes):>12}  error "
           f"{out.plain_peak_error:+.1%}")

@@ -28,6 +28,8 @@ class Case:
     optimizer: str | None = None   # None: no training record (no optimizer step)
     grads: str | None = None       # None: resident
     amp: str | None = None         # None: off
+    # the optimizer's state and step on the host (ZeRO-Offload; a swapping policy's option)
+    offload_optimizer: bool = False
 
     @property
     def training(self):
@@ -72,6 +74,7 @@ class Outcome:
     grads: str | None = None
     amp: str | None = None
     optimizer_state_bytes: int = 0
+    offload_optimizer: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -176,11 +179,15 @@ def validate_case(case: Case, session: Session | None = None,
                 f"this run asks batch {case.batch}"
                 + (f", input {list(case.input_shape)}" if case.input_shape else "")
                 + ": pass the trace's --batch and --input-shape")
-        graph = Graph(trace)
+        graph = plain_graph = Graph(trace)
+        if case.offload_optimizer:   # the policy's option: the same trace, state on the host
+            from snsim.training import override
+
+            graph = Graph(trace.with_training(override(trace.training, offload=True)))
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
         schedule, pred = predict(graph, case.policy, budget)
         policy = pred.policy
-        live = liveness_prediction(graph)
+        live = liveness_prediction(plain_graph)   # a plain loop keeps its optimizer on device
         # ---- real run (nothing below feeds the prediction above) ----
         session.phase("build the model")
         dev = torch.device(case.device)
@@ -202,7 +209,11 @@ def validate_case(case: Case, session: Session | None = None,
             scale = optim.loss_scale(ex.optimizer)   # fp16: the step unscales them
             torch.manual_seed(1)
             ex.step(batch)
-            grads = [p.grad.detach().clone() for p in program.param_list]
+            # the gradients the optimizer stepped with: an offloaded one's host copies
+            # (unscaled there under fp16; the device's stay as backward made them)
+            grads = [hg.clone() for hg in ex.optimizer.host_grads] \
+                if isinstance(ex.optimizer, optim.Offloaded) else \
+                [p.grad.detach().clone() for p in program.param_list]
             torch.manual_seed(1)
             with ex.autocast():
                 ref_loss = program.loss(reference(example))
@@ -240,7 +251,8 @@ def validate_case(case: Case, session: Session | None = None,
         step_ms_samples=samples, reason=pred.reason, worst_grad_param=worst,
         liveness_predicted_peak_bytes=live.peak_bytes, plain_peak_bytes=plain,
         plain_peak_error=_rel(plain, live.peak_bytes), optimizer=case.optimizer,
-        grads=case.grads, amp=case.amp, optimizer_state_bytes=trace.optimizer_state_bytes)
+        grads=case.grads, amp=case.amp, optimizer_state_bytes=trace.optimizer_state_bytes,
+        offload_optimizer=case.offload_optimizer)
 
 
 def liveness_prediction(graph):

@@ -39,7 +39,7 @@ _TOL_KEYS = ("peak_error_median", "peak_error_max", "time_error_median", "time_e
              "grad_abs_max")
 _SUITE_KEYS = {"name", "device", "repeats", "warmup", "baselines"}
 _CASE_KEYS = {"model", "batch", "input_shape", "policies", "budget", "optimizer", "grads",
-              "amp"}
+              "amp", "offload_optimizer"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class SuiteCase:
     optimizer: str | None = None   # a training record (snsim.training): whole step
     grads: str | None = None
     amp: str | None = None
+    offload_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,11 +175,16 @@ def load_suite(path: str | Path) -> Suite:
             if key in c and c[key] not in allowed:
                 raise SnsimError(f"{p}: {where}: {key} must be one of {', '.join(allowed)}, "
                                  f"not {c[key]!r}")
+        offload = c.get("offload_optimizer", False)
+        if not isinstance(offload, bool):
+            raise SnsimError(f"{p}: {where}: offload_optimizer must be true or false")
+        if offload and c.get("optimizer") in (None, "none"):
+            raise SnsimError(f"{p}: {where}: offload_optimizer needs an optimizer with a step")
         cases.append(SuiteCase(model=c["model"], batch=batch,
                                policies=tuple(pols),
                                input_shape=tuple(shape) if shape else None, budget=budget,
                                optimizer=c.get("optimizer"), grads=c.get("grads"),
-                               amp=c.get("amp")))
+                               amp=c.get("amp"), offload_optimizer=offload))
     name = suite.get("name", p.stem)
     device = suite.get("device", "cpu")
     if not isinstance(name, str) or not isinstance(device, str):
@@ -249,7 +255,8 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         raise SnsimError(f"{out}: exists and is not a folder (the report goes in a folder)")
     cases = [Case(model=c.model, batch=c.batch, policy=pol, input_shape=c.input_shape,
                   budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup,
-                  optimizer=c.optimizer, grads=c.grads, amp=c.amp)
+                  optimizer=c.optimizer, grads=c.grads, amp=c.amp,
+                  offload_optimizer=c.offload_optimizer)
              for c in suite.cases for pol in c.policies]
     _check_cases(suite)  # every policy and budget, before any model is profiled
     _make_report_folder(out)
@@ -260,7 +267,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         row = o.to_dict()
         row["label"] = f"{case.model}/{o.policy}" + (
             f"/{case.optimizer or 'sgd'}/{case.grads or 'resident'}/{case.amp or 'off'}"
-            if case.training else "")
+            + ("/offload" if case.offload_optimizer else "") if case.training else "")
         row["budget"] = case.budget or ""
         rows.append(row)
     if suite.baselines:
@@ -316,6 +323,9 @@ def _check_cases(suite: Suite) -> None:
             for pol in c.policies:
                 if pol != "best":
                     policies.get(pol)
+                if c.offload_optimizer and "offload_optimizer" not in policies.get(pol).options:
+                    raise SnsimError(f"offload_optimizer is an option of the swapping "
+                                     f"policies, not of {pol}")
             if c.budget is not None:
                 parse_budget(c.budget, 1)  # its form; its value is checked against the trace
         except SnsimError as exc:
