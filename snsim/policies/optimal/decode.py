@@ -27,9 +27,9 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
                key=lambda t: (t[1], t[0] != "X"))
     offload_at: dict[int, list] = {}
     waits_after: dict[int, list] = {}
-    for t in O:   # the forward stage at whose end t is freed
+    for t in O:   # the forward stage at whose end t is first freed
         offload_at.setdefault(t[1], []).append(t)
-        k = max([k for k in range(t[1] + 1, n) if (k, t) in S], default=t[1])
+        k = next(k for k in range(t[1], n) if (k + 1, t) not in S)
         waits_after.setdefault(k, []).append(t)
     r_at: dict[int, list[int]] = {}
     for k, j in R:
