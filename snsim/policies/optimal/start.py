@@ -2,8 +2,8 @@
 
 Stage k of a plan is the ops after route step k-1's compute up to route step
 k's compute.  For the formulation's binaries: ``S[k,t]`` (t resident when
-stage k's first op that is not a free runs: the previous stage's frees have
-happened), ``R[k,j]`` (``Compute R_j`` in stage k), ``P[k,t]`` (``Prefetch t``
+stage k's first prefetch or compute is issued: the frees, offloads and waits
+before it close stage k-1, as the class orders them), ``R[k,j]`` (``Compute R_j`` in stage k), ``P[k,t]`` (``Prefetch t``
 in stage k), ``O[t]`` (``Offload t`` while forward runs) and each route step's
 algorithm.  A plan outside the formulation's class (a recomputation during
 forward, a gradient swapped, a prefetch the model has no column for) gives
@@ -41,7 +41,7 @@ def plan_start(f: Formulation, ops: list[Op]) -> tuple[list[int], list[float]] |
             if type(op) is Free:
                 resident.discard(op.tensor)
                 continue
-            if not opened:
+            if not opened and type(op) in (Compute, Prefetch):
                 open_stage()
                 opened = True
             if type(op) is Compute:
