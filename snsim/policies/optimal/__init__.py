@@ -109,6 +109,8 @@ def two_phase(g: Graph, cap: int, window: int | None, seconds: float, plans: lis
             if stats is not None:
                 stats["milp_start"] = mapped[sol.start_taken][0]
             return sol, full
+        if seconds - (time.perf_counter() - t0) < 1.0:
+            return sol, full   # no time left for the second route
     small = build(g, cap, window, sync=False)
     first = solve(small.milp, 0.4 * left())
     start = None if first.values is None else warm_start(small, first.values, full)
