@@ -13,12 +13,15 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   the tensors freed in this forward stage; then the frees;
 * an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
   it was resident, recomputed or prefetched in stage k-1 (Checkmate's keep
-  matrix); an offloaded ``X_i`` is freed by the end of forward, at or after
-  its last forward use (after waiting for its copy: the free is immediate and
-  the memory count exact)
-  and may come back by a prefetch issued in any backward stage up to a use
-  (waited for at the start of the stage of its next use);
-* gradients ``G`` and saved extras ``S`` live as under ``liveness``;
+  matrix); an offloaded tensor is freed by the end of forward (the first
+  free after waiting for its copy: the free is immediate and the memory
+  count exact) and may come back by a prefetch issued in a forward stage
+  between two of its forward uses (a residual block's input, for the add:
+  freed again after it) or in any backward stage up to a use (waited for
+  at the start of the stage of its next use);
+* gradients ``G`` live as under ``liveness``; saved extras ``S_i`` of layers
+  with a backward step are decisions like ``X_i`` (kept or swapped; a
+  recomputation does not remake them);
   a recomputation uses the layer's algorithm with the least workspace.
 
 Memory rows are the ledger's levels of every op that can raise the peak
