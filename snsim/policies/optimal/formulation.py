@@ -13,9 +13,10 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   the tensors freed in this forward stage; then the frees;
 * an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
   it was resident, recomputed or prefetched in stage k-1 (Checkmate's keep
-  matrix); an offloaded tensor is freed by the end of forward (the first
-  free after waiting for its copy: the free is immediate and the memory
-  count exact) and may come back by a prefetch issued in a forward stage
+  matrix); an offloaded tensor freed in forward is freed (the first time)
+  after waiting for its copy, so the free is immediate and the memory count
+  exact; one kept into backward is waited for at the start of backward (and
+  freed there like any tensor); it may come back by a prefetch issued in a forward stage
   between two of its forward uses (a residual block's input, for the add:
   freed again after it) or in any backward stage up to a use (waited for
   at the start of the stage of its next use);
@@ -229,9 +230,6 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         if t[0] != "X" or (k, t[1]) not in f.R:
             m.row({p: 1.0, f.S[k, t]: 1.0}, hi=1.0)
         m.row({p: 1.0, f.O[t]: -1.0}, hi=0.0)
-    for t, o in f.O.items():   # an offloaded tensor is freed by the end of forward
-        if (n, t) in f.S:
-            m.row({o: 1.0, f.S[n, t]: 1.0}, hi=1.0)
     for k, step in enumerate(route):
         for t in g.needs_map[step]:
             if t in need:

@@ -92,4 +92,7 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
                 break   # t's last use was before stage k
             add(row, f.S.get((k + 1, t)), big)
             m.row(row, lo=lo)
+        if (n, t) in f.S:
+            # kept into backward: its copy is waited for at backward's start
+            m.row({f.T[n]: 1.0, E[t]: -1.0, o: -big, f.S[n, t]: -big}, lo=-2 * big)
     m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)
