@@ -38,6 +38,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     ``start``: (columns, values) of integer columns of a known solution;
     ``starts``: more of them, tried in order after ``start`` until one
     completes to a feasible point (:func:`complete`)."""
+    entry = time.perf_counter()   # the limit covers handing the model over too
     hp = highs()
     h = hp.Highs()
     h.setOptionValue("output_flag", False)
@@ -69,6 +70,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
                        for b in milp.integer]
     h.passModel(lp)
     t0 = time.perf_counter()
+    h.setOptionValue("time_limit", max(0.1, time_limit - (t0 - entry)))
     tries = ([start] if start is not None else []) + list(starts)
     taken = None
     for i, st in enumerate(tries):
@@ -76,7 +78,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
             taken = i
             break
     if tries:
-        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t0)))
+        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - entry)))
     h.run()
     solve_s = time.perf_counter() - t0
     ms = h.getModelStatus()
