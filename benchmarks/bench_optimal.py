@@ -4,7 +4,9 @@
 For each shipped K40c trace (``traces/k40c_*.json``; the ResNet-2500 ones only
 with ``--all``) and budgets 1.05x ... 3x the lower bound: the optimum's
 iteration time over pure compute, its solver status, proven gap, bound and
-solve time, and every heuristic's time over the optimum's.  Targets (issue
+solve time, the plan it returned (``source``) and the heuristic plan the
+MILP started from (``start``: ``-`` when none is in the formulation's class),
+and every heuristic's time over the optimum's.  Targets (issue
 15), printed beside the figures: gap <= 1% within 60 s on VGG-16 and
 ResNet-50 (batch 32), ResNet-152 within 5 minutes.  Prints only; no
 assertions.  Needs ``highspy`` (``pip install 'snsim[optimal]'``).
@@ -50,7 +52,7 @@ def main() -> int:
     factors = [float(f) for f in args.factors.split(",")]
     print("time = iteration / pure compute; heuristics: time over the optimum's (- infeasible)")
     print(f"{'trace':<22} {'budget':>6} {'optimum':>8} {'status':<11} {'gap':>7} "
-          f"{'bound':>7} {'solve_s':>7} {'source':<12} "
+          f"{'bound':>7} {'solve_s':>7} {'source':<12} {'start':<12} "
           + " ".join(f"{h[:10]:>10}" for h in HEURISTICS) + "  target")
     for path in paths:
         g = Graph(load(str(path)))
@@ -77,7 +79,7 @@ def main() -> int:
             print(f"{path.stem:<22} {f:>5.2f}x {fmt(opt / r.compute_ms if opt else None):>8} "
                   f"{status[:11]:<11} {fmt(gap, '.2%'):>7} "
                   f"{fmt(bound / r.compute_ms if bound else None):>7} {wall:>7.1f} "
-                  f"{st.get('source', '-'):<12} "
+                  f"{st.get('source', '-'):<12} {st.get('milp_start', '-'):<12} "
                   + " ".join(f"{fmt(c):>10}" for c in cols) + f"  {target}", flush=True)
     return 0
 

@@ -50,6 +50,19 @@ def chain5(device=None):
     return t
 
 
+def residual():
+    """data X0 100 -> conv X1 300 (reads inputs) -> conv X2 300 -> add(X0, X2) 100 -> loss 4.
+    The data layer is the residual block's input: held across the branch in
+    forward, no gradient in backward (it does not require grad)."""
+    return make([
+        L(0, "data", [], 100),
+        L(1, "conv", [0], 300, params=1, fwd=1.0, bwd=1.0, reads=["inputs"]),
+        L(2, "conv", [1], 300, params=1, fwd=1.0, bwd=1.0),
+        L(3, "add", [0, 2], 100, fwd=0.1, bwd=0.1),
+        L(4, "loss", [3], 4, fwd=0.1, bwd=0.1, reads=["inputs"]),
+    ], "residual")
+
+
 def run_optimal(g, budget, seconds=20):
     s = plan("optimal", PlanContext(g, budget, {"time_limit": seconds}))
     verify(g, s)
@@ -226,7 +239,7 @@ def test_milp_prediction_equals_simulator_on_its_own_plan():
     from snsim.policies.optimal.formulation import build
     from snsim.policies.optimal.solve import solve
 
-    for t in (chain4(), chain5(), chain5(SLOW)):
+    for t in (chain4(), chain5(), chain5(SLOW), residual()):
         g = Graph(t)
         lb = g.lower_bound_bytes
         for budget in (lb, int(lb * 1.2)):
@@ -241,6 +254,86 @@ def test_milp_prediction_equals_simulator_on_its_own_plan():
             assert sol.objective == pytest.approx(r.iteration_ms, abs=1e-6)
             assert peak == r.peak_bytes
             assert replay.estimate_ms(g, ops, budget) == pytest.approx(r.iteration_ms, abs=1e-9)
+
+
+def test_residual_block_input_prefetched_during_forward():
+    """residual() at its lower bound 604 (static 4; F2: X1 + X2 = 600, B2: G2 + G1).
+    Keeping the data X0 through F2 needs 704: X0 cannot be recomputed, so it is
+    offloaded after F0 (1 ms, waited for after F1: F0 takes no time), freed,
+    and prefetched back for the add F3 (1 ms nothing hides: F2's level with it
+    would be 704), then again for B1 (B2's level with it would be 704):
+    4.4 ms of compute + 2 ms.  Without prefetches during forward the class
+    has no plan at all (the formulation used to be infeasible here)."""
+    from snsim.policies.optimal.formulation import build
+    from snsim.policies.optimal.solve import solve
+
+    g = Graph(residual())
+    assert g.lower_bound_bytes == 604
+    assert solve(build(g, 604, forward_prefetch=False).milp, 20).status == "infeasible"
+    s, r = run_optimal(g, 604)
+    assert s.stats["source"] == "milp" and s.stats["status"] == "optimal"
+    assert r.feasible and r.iteration_ms == pytest.approx(6.4, abs=1e-9)
+    assert s.stats["predicted_ms"] == pytest.approx(r.iteration_ms, abs=1e-9)
+    assert s.stats["predicted_peak_bytes"] == r.peak_bytes == 604
+    f3 = s.ops.index(Compute("F", 3))
+    assert Prefetch(X(0)) in s.ops[s.ops.index(Compute("F", 1)):f3]
+    assert s.stats["optimality_gap"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("trace, device", [(chain4, None), (chain5, None), (chain5, SLOW),
+                                           (residual, None)])
+def test_heuristic_plan_as_a_start_keeps_its_time(trace, device):
+    """A heuristic's plan read as the model's binaries (the warm start).  Every
+    plan of these tiny traces is in the class (offloaded tensors kept into
+    backward, prefetched during forward, recomputed, swapped): the model with
+    those binaries fixed prices it at the simulator's time, and the model's
+    own plan for them (decoded) runs at that time and peak in the simulator."""
+    from snsim.policies.optimal.decode import decode
+    from snsim.policies.optimal.formulation import build
+    from snsim.policies.optimal.solve import solve
+    from snsim.policies.optimal.start import plan_start
+
+    g = Graph(trace() if device is None else trace(device))
+    lb = g.lower_bound_bytes
+    mapped = 0
+    for budget in (lb, int(lb * 1.2), int(lb * 1.5)):
+        f = build(g, budget)
+        m = f.milp
+        for name in ("superneurons", "dtr", "utp", "cost-aware", "liveness"):
+            s = plan(name, PlanContext(g, budget))
+            if s.infeasible_reason or replay.planned_peak(g, s.ops, budget)[1]:
+                continue
+            start = plan_start(f, s.ops)
+            assert start is not None, (budget, name)
+            fixed = dict(zip(*start))
+            lo, hi = list(m.lb), list(m.ub)
+            for c, integer in enumerate(m.integer):
+                if integer:
+                    m.lb[c] = m.ub[c] = fixed.get(c, 0.0)
+            sol = solve(m, 20)
+            m.lb[:], m.ub[:] = lo, hi
+            assert sol.status == "optimal", (budget, name)
+            mapped += 1
+            want = replay.estimate_ms(g, s.ops, budget)
+            assert sol.objective + g.optimizer_ms == pytest.approx(want, abs=1e-9), (budget, name)
+            ops, peak = decode(f, sol.values)
+            own = Schedule("milp", ops, budget)
+            verify(g, own)
+            r = simulate(g, own, budget, record=False)
+            assert r.feasible and r.iteration_ms == pytest.approx(want, abs=1e-9), (budget, name)
+            assert r.peak_bytes == peak <= budget
+    assert mapped >= 5
+
+
+def test_the_solver_starts_from_a_heuristic_plan_in_the_class():
+    """chain5 at 1.05x its lower bound: superneurons' plan is in the class, so
+    the MILP starts from it (``milp_start``) and the answer is no slower."""
+    g = Graph(chain5())
+    budget = int(1.05 * g.lower_bound_bytes)
+    s, r = run_optimal(g, budget)
+    assert s.stats["milp_start"] == "superneurons"
+    sn = simulate(g, plan("superneurons", PlanContext(g, budget)), budget, record=False)
+    assert r.iteration_ms <= sn.iteration_ms + 1e-9
 
 
 def test_infeasible_budget_is_an_outcome_with_a_reason():

@@ -4,7 +4,10 @@ with HiGHS, as a reference the heuristics are measured against.
 
 * :mod:`.formulation`: the model and the schedule class it can express;
 * :mod:`.solve`: HiGHS (``highspy``, imported lazily: one line if missing);
-* :mod:`.decode`: the solution as ops, and the model's predicted peak.
+* :mod:`.decode`: the solution as ops, and the model's predicted peak;
+* :mod:`.start`: a heuristic's plan read as the model's binaries (the warm
+  start: the first heuristic plan, fastest first, that is in the class and
+  satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``).
 
 The plan returned is never worse than the heuristics: the best feasible plan
 of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
@@ -39,6 +42,7 @@ from snsim.policies.finishing import finish
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.optimal.solve import Solution, highs, solve
+from snsim.policies.optimal.start import plan_start
 from snsim.schedule.ops import Schedule
 
 TIME_LIMIT_S = 60.0
@@ -63,10 +67,16 @@ def columns_estimate(g: Graph) -> int:
 
 def best_heuristic(ctx: PlanContext):
     """(ms, name, schedule) of the fastest feasible heuristic plan, or None."""
+    found = heuristic_plans(ctx)
+    return found[0] if found else None
+
+
+def heuristic_plans(ctx: PlanContext) -> list:
+    """[(ms, name, schedule)] of the feasible heuristic plans, fastest first."""
     from snsim.policies import plan
 
     g, cap = ctx.graph, ctx.capacity_bytes
-    best = None
+    found = []
     for name in HEURISTICS:
         if name == "dtr" and g.n > 5000:
             continue   # tens of seconds of planning on 10^4 layers
@@ -76,19 +86,33 @@ def best_heuristic(ctx: PlanContext):
         if replay.planned_peak(g, s.ops, cap)[1] is not None:
             continue
         ms = replay.estimate_ms(g, s.ops, cap)
-        if ms < math.inf and (best is None or ms < best[0]):
-            best = (ms, name, s)
-    return best
+        if ms < math.inf:
+            found.append((ms, name, s))
+    return sorted(found, key=lambda x: x[0])
 
 
-def two_phase(g: Graph, cap: int, window: int | None, seconds: float):
-    """Solve the model without same-stage prefetches first (smaller, fast), then
-    the full model from its solution; the full model's result and formulation."""
+def two_phase(g: Graph, cap: int, window: int | None, seconds: float, plans: list = (),
+              stats: dict | None = None):
+    """Solve the full model started from the first of the heuristics' ``plans``
+    ([(ms, name, schedule)]) that is a solution of it (:mod:`.start`);
+    failing that, the model without same-stage prefetches first (smaller,
+    fast), then the full model from its solution; the result and the
+    formulation it is a solution of."""
     t0 = time.perf_counter()
     left = lambda: max(0.5, seconds - (time.perf_counter() - t0))  # noqa: E731
+    full = build(g, cap, window)
+    mapped = [(name, plan_start(full, s.ops)) for _, name, s in plans]
+    mapped = [(name, st) for name, st in mapped if st is not None]
+    if mapped:
+        sol = solve(full.milp, left(), starts=[st for _, st in mapped])
+        if sol.start_taken is not None:
+            if stats is not None:
+                stats["milp_start"] = mapped[sol.start_taken][0]
+            return sol, full
+        if seconds - (time.perf_counter() - t0) < 1.0:
+            return sol, full   # no time left for the second route
     small = build(g, cap, window, sync=False)
     first = solve(small.milp, 0.4 * left())
-    full = build(g, cap, window)
     start = None if first.values is None else warm_start(small, first.values, full)
     second = solve(full.milp, left(), start=start)
     if second.values is None and first.values is not None:
@@ -120,7 +144,8 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
                         {**stats, "status": "infeasible"},
                         f"the budget ({cap} bytes) is below the lower bound "
                         f"({g.lower_bound_bytes} bytes): no schedule fits")
-    heur = best_heuristic(ctx)
+    plans = heuristic_plans(ctx)
+    heur = plans[0] if plans else None
     cols = columns_estimate(g)
     sol = milp_ops = None
     if heur is not None and heur[0] <= trivial * (1 + 1e-12):
@@ -129,7 +154,8 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
         window = None if cols <= FLAT_LIMIT else WINDOW
         if window is not None:
             stats["prefetch_window"] = window
-        sol, form = two_phase(g, cap, window, time_limit - (time.perf_counter() - t0))
+        sol, form = two_phase(g, cap, window, time_limit - (time.perf_counter() - t0),
+                              plans, stats)
         stats["milp_columns"] = len(form.milp.lb)
         stats["milp_rows"] = len(form.milp.rows)
         stats["status"] = sol.status

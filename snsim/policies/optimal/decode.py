@@ -27,15 +27,18 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
                key=lambda t: (t[1], t[0] != "X"))
     offload_at: dict[int, list] = {}
     waits_after: dict[int, list] = {}
-    for t in O:   # the forward stage at whose end t is freed
+    wait_at: dict[int, list] = {}
+    for t in O:   # the forward stage at whose end t is first freed
         offload_at.setdefault(t[1], []).append(t)
-        k = max([k for k in range(t[1] + 1, n) if (k, t) in S], default=t[1])
-        waits_after.setdefault(k, []).append(t)
+        k = next((k for k in range(t[1], n) if (k + 1, t) not in S), None)
+        if k is not None:
+            waits_after.setdefault(k, []).append(t)
+        else:   # kept into backward: waited for at its start
+            wait_at.setdefault(n, []).append(t)
     r_at: dict[int, list[int]] = {}
     for k, j in R:
         r_at.setdefault(k, []).append(j)
     p_at: dict[int, list] = {}
-    wait_at: dict[int, list] = {}
     for k, t in P:
         p_at.setdefault(k, []).append(t)
         if f.P_wait[k, t] > k:

@@ -13,12 +13,16 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   the tensors freed in this forward stage; then the frees;
 * an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
   it was resident, recomputed or prefetched in stage k-1 (Checkmate's keep
-  matrix); an offloaded ``X_i`` is freed by the end of forward, at or after
-  its last forward use (after waiting for its copy: the free is immediate and
-  the memory count exact)
-  and may come back by a prefetch issued in any backward stage up to a use
-  (waited for at the start of the stage of its next use);
-* gradients ``G`` and saved extras ``S`` live as under ``liveness``;
+  matrix); an offloaded tensor freed in forward is freed (the first time)
+  after waiting for its copy, so the free is immediate and the memory count
+  exact; one kept into backward is waited for at the start of backward (and
+  freed there like any tensor); it may come back by a prefetch issued in a forward stage
+  between two of its forward uses (a residual block's input, for the add:
+  freed again after it) or in any backward stage up to a use (waited for
+  at the start of the stage of its next use);
+* gradients ``G`` live as under ``liveness``; saved extras ``S_i`` of layers
+  with a backward step are decisions like ``X_i`` (kept or swapped; a
+  recomputation does not remake them);
   a recomputation uses the layer's algorithm with the least workspace.
 
 Memory rows are the ledger's levels of every op that can raise the peak
@@ -53,6 +57,8 @@ class Formulation:
     T: list = field(default_factory=list)     # stage start times
     Z: int = -1                               # makespan
     last_fwd: dict = field(default_factory=dict)   # t -> stage of t's last forward use
+    first_free: dict = field(default_factory=dict)  # t -> first stage at whose end an
+    #                                                 offloaded t may be freed (last_fwd if absent)
     tensors: list = field(default_factory=list)    # the decision tensors (X_i, and S_i)
     fixed_start: list = field(default_factory=list)  # G/S bytes resident at each stage start
     step_alloc: list = field(default_factory=list)   # bytes each route step allocates
@@ -84,8 +90,8 @@ def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
     return need, rdom
 
 
-def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = True
-          ) -> Formulation:
+def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = True,
+          forward_prefetch: bool = True) -> Formulation:
     """The MILP of ``graph`` under ``capacity`` bytes.  ``window`` (stages) limits
     a prefetch to the ``window`` stages before a use (None: any stage);
     ``sync=False`` leaves out prefetches waited for in their own stage (a
@@ -139,12 +145,21 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         if t[0] == "X":
             for k in sorted(rdom[i]):
                 f.R[k, i] = m.var()
-        lf = max([i] + [k for k in need[t] if k < n])
+        fwd = sorted(k for k in need[t] if k < n)
+        lf = max([i] + fwd)
         f.last_fwd[t] = lf
         later = [k for k in need[t] if k > lf and k >= n]
-        if later and i < n - 1:
+        # forward gaps: t is not needed between two forward uses (a residual
+        # block's input between the block's first layer and its add): it may
+        # be offloaded, freed and prefetched back for the later use
+        gaps = [(a, b) for a, b in zip([i] + fwd, fwd) if b > a + 1] if forward_prefetch else []
+        if (later or gaps) and i < n - 1:
             f.O[t] = m.var()
-            for k in range(n, max(later) + 1):
+            if gaps:
+                f.first_free[t] = i
+            stages = [k for a, b in gaps for k in range(a + 1, b + 1)]
+            stages += list(range(n, max(later) + 1)) if later else []
+            for k in stages:
                 u = min(x for x in need[t] if x >= k)
                 if (sync or u > k) and (window is None or u <= k + window):
                     f.P[k, t] = m.var()
@@ -166,10 +181,9 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         if k == t[1] + 1:
             continue
         prev = {s: 1.0, f.S[k - 1, t]: -1.0}
-        if k - 1 >= n:
-            if t[0] == "X":
-                add(prev, f.R.get((k - 1, t[1])), -1.0)
-            add(prev, f.P.get((k - 1, t)), -1.0)
+        if t[0] == "X":
+            add(prev, f.R.get((k - 1, t[1])), -1.0)
+        add(prev, f.P.get((k - 1, t)), -1.0)
         m.row(prev, hi=0.0)
     def usable(k: int, t) -> dict:
         """t is resident for stage k's computations: kept, recomputed, or fetched now."""
@@ -216,8 +230,6 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
         if t[0] != "X" or (k, t[1]) not in f.R:
             m.row({p: 1.0, f.S[k, t]: 1.0}, hi=1.0)
         m.row({p: 1.0, f.O[t]: -1.0}, hi=0.0)
-    for t, o in f.O.items():   # an offloaded tensor is freed by the end of forward
-        m.row({o: 1.0, f.S[n, t]: 1.0}, hi=1.0)
     for k, step in enumerate(route):
         for t in g.needs_map[step]:
             if t in need:

@@ -18,6 +18,7 @@ class Solution:
     objective: float               # its objective (inf if none)
     bound: float                   # the solver's lower bound on the objective
     solve_s: float
+    start_taken: int | None = None   # which start (0: ``start``, then ``starts``) was taken
 
 
 def highs():
@@ -30,10 +31,14 @@ def highs():
 
 
 def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None = None,
-          start: tuple[list[int], list[float]] | None = None) -> Solution:
+          start: tuple[list[int], list[float]] | None = None,
+          starts: list[tuple[list[int], list[float]]] = ()) -> Solution:
     """Minimise ``milp`` within ``time_limit`` seconds; ``cutoff``: only
     solutions better than this objective are of interest (prunes the search);
-    ``start``: (columns, values) of integer columns of a known solution."""
+    ``start``: (columns, values) of integer columns of a known solution;
+    ``starts``: more of them, tried in order after ``start`` until one
+    completes to a feasible point (:func:`complete`)."""
+    entry = time.perf_counter()   # the limit covers handing the model over too
     hp = highs()
     h = hp.Highs()
     h.setOptionValue("output_flag", False)
@@ -53,21 +58,27 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     lp.row_upper_ = [r[3] for r in milp.rows]
     a = lp.a_matrix_
     a.format_ = hp.MatrixFormat.kRowwise
-    starts, index, value = [0], [], []
+    row_start, index, value = [0], [], []
     for idx, val, _, _ in milp.rows:
         index.extend(idx)
         value.extend(val)
-        starts.append(len(index))
-    a.start_, a.index_, a.value_ = starts, index, value
+        row_start.append(len(index))
+    a.start_, a.index_, a.value_ = row_start, index, value
     a.num_col_, a.num_row_ = lp.num_col_, lp.num_row_
     lp.a_matrix_ = a
     lp.integrality_ = [hp.HighsVarType.kInteger if b else hp.HighsVarType.kContinuous
                        for b in milp.integer]
     h.passModel(lp)
     t0 = time.perf_counter()
-    if start is not None and start[0]:
-        complete(h, hp, milp, start)
-        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - t0)))
+    h.setOptionValue("time_limit", max(0.1, time_limit - (t0 - entry)))
+    tries = ([start] if start is not None else []) + list(starts)
+    taken = None
+    for i, st in enumerate(tries):
+        if st and st[0] and complete(h, hp, milp, st):
+            taken = i
+            break
+    if tries:
+        h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - entry)))
     h.run()
     solve_s = time.perf_counter() - t0
     ms = h.getModelStatus()
@@ -81,12 +92,14 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     bound = info.mip_dual_bound
     if status == "optimal" and has:
         bound = min(bound, obj) if math.isfinite(bound) else obj
-    return Solution(status, values, obj, bound if math.isfinite(bound) else 0.0, solve_s)
+    return Solution(status, values, obj, bound if math.isfinite(bound) else 0.0, solve_s,
+                    taken)
 
 
-def complete(h, hp, milp: Milp, start: tuple[list[int], list[float]]) -> None:
+def complete(h, hp, milp: Milp, start: tuple[list[int], list[float]]) -> bool:
     """Give ``h`` the start: integer columns fixed to ``start`` (0 where it says
-    nothing), the continuous ones from an LP, then the bounds restored."""
+    nothing), the continuous ones from an LP, then the bounds restored; False
+    (and nothing given) when that LP is infeasible."""
     import numpy as np
 
     fixed = dict(zip(*start))
@@ -100,4 +113,5 @@ def complete(h, hp, milp: Milp, start: tuple[list[int], list[float]]) -> None:
                        np.array([milp.ub[k] for k in cols]))
     if ok:
         h.setSolution(sol)
+    return ok
 

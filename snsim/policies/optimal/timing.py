@@ -81,13 +81,18 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
         # freed at the end of forward stage k (after waiting for its copy):
         # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
         i = t[1]
-        for k in range(f.last_fwd[t], n):
+        for k in range(f.first_free.get(t, f.last_fwd[t]), n):
             row = {f.T[k + 1]: 1.0, E[t]: -1.0, o: -big}
             lo = -2 * big
             if k == i:
                 lo += big
-            else:
+            elif (k, t) in f.S:
                 add(row, f.S[k, t], -big)
+            else:
+                break   # t's last use was before stage k
             add(row, f.S.get((k + 1, t)), big)
             m.row(row, lo=lo)
+        if (n, t) in f.S:
+            # kept into backward: its copy is waited for at backward's start
+            m.row({f.T[n]: 1.0, E[t]: -1.0, o: -big, f.S[n, t]: -big}, lo=-2 * big)
     m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)
