@@ -1,4 +1,5 @@
-"""What the peak is made of: weights, gradients, optimizer state, activations.
+"""What the peak is made of: weights, gradients, optimizer state, buffers and
+constants, activations.
 
 ``snsim info`` shows it for the trace under ``liveness`` (the plain PyTorch
 step's prediction): the ledger's walk of that schedule, frees immediate, and
@@ -27,6 +28,7 @@ class Breakdown:
     gradient_bytes: int
     optimizer_state_bytes: int
     activation_bytes: int
+    constant_bytes: int     # buffers (batch-norm statistics) and constants
     transient_bytes: int
 
 
@@ -38,11 +40,11 @@ def peak_breakdown(graph: Graph) -> Breakdown:
     trace = graph.trace
     schedule = policies.plan("liveness", PlanContext(graph))
     static = trace.static_bytes
-    weights, state = trace.param_bytes, trace.optimizer_state_bytes
-    resident_grads = static - weights - state
+    weights, state, consts = trace.param_bytes, trace.optimizer_state_bytes, trace.constant_bytes
+    resident_grads = static - weights - state - consts
     level = static
     born = 0
-    best = Breakdown("static", static, weights, resident_grads, state, 0, 0)
+    best = Breakdown("static", static, weights, resident_grads, state, 0, consts, 0)
     for op, (nbytes, ws, freed) in zip(schedule.ops, ledger.effects(graph, schedule)):
         grads = graph.param_grad_bytes(op.step) if type(op) is Compute else 0
         born += grads
@@ -50,7 +52,7 @@ def peak_breakdown(graph: Graph) -> Breakdown:
         if level + ws > best.peak_bytes:
             best = Breakdown(step_name(op.step) if type(op) is Compute else str(op),
                              level + ws, weights, resident_grads + born, state,
-                             level - static - born, ws)
+                             level - static - born, consts, ws)
     return best
 
 
@@ -63,7 +65,8 @@ def breakdown_lines(graph: Graph) -> str:
                             f"gradients {t.grads}, amp {t.amp}, step "
                             f"{graph.optimizer_ms:.3f} ms")
     rows = [("weights", b.weight_bytes), ("gradients", b.gradient_bytes),
-            ("optimizer state", b.optimizer_state_bytes), ("activations", b.activation_bytes),
+            ("optimizer state", b.optimizer_state_bytes),
+            ("buffers, consts", b.constant_bytes), ("activations", b.activation_bytes),
             ("transient", b.transient_bytes)]
     lines = [head, f"peak (liveness) {fmt_bytes(b.peak_bytes)} at {b.at}:"]
     lines += [f"  {name:16} {fmt_bytes(v):>12}  ({v} B)" for name, v in rows]

@@ -50,7 +50,9 @@ def test_resnet_doc_equals_a_fresh_profile_on_another_preset():
     from snsim.profile import profiler
 
     ref = profiler.profile("resnet50", 3, device_model="v100")
-    assert resnet_doc((3, 4, 6, 3), 3, "v100", model="resnet50")["layers"] == ref["layers"]
+    mine = resnet_doc((3, 4, 6, 3), 3, "v100", model="resnet50")
+    assert mine["layers"] == ref["layers"]
+    assert mine["constant_bytes"] == ref["constant_bytes"]   # batch norm's buffers
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the profiler)")

@@ -290,6 +290,8 @@ def profile(spec: str, batch: int | None, input_shape: tuple[int, ...] | None = 
            "device": dev_block,
            "layers": [_layer_doc(i, layer, t) for i, (layer, t) in
                       enumerate(zip(captured.layers, times))]}
+    if captured.constant_bytes:   # buffers and constants: static (capture note [12])
+        doc["constant_bytes"] = captured.constant_bytes
     if ms.input_dtype != torch.float32:
         doc["input_dtype"] = str(ms.input_dtype).replace("torch.", "")
     if preset is None:

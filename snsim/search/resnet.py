@@ -171,7 +171,10 @@ def resnet_doc(stages, batch: int, device_model: str = "k40c",
            [(0, 2 * out), (0, out + targets + 8)],
            [(0, 4 + out + targets + 4 + out), (0, 3 * out)], [], extra=out + 4)
     depth = 3 * sum(stages) + 2
-    return {"schema": SCHEMA, "model": model or f"resnet-{depth}", "batch": batch,
+    # batch norm's running mean and variance (float32) and its int64 batch count:
+    # buffers the model holds, static beside the weights (capture note [12])
+    buffers = sum(2 * F32 * sb.shapes[la["id"]][1] + 8 for la in sb.layers if la["kind"] == "bn")
+    return {"schema": SCHEMA, "constant_bytes": buffers, "model": model or f"resnet-{depth}", "batch": batch,
             "dtype": "float32", "input_shape": list(IMAGE),
             "source": {"kind": "modeled", "device": "none", "device_name": preset.name,
                        "device_model": preset.key, "preset_source": preset.source,

@@ -89,6 +89,10 @@ Notes the code points back to:
     gradient contributions in a buffer of its own (the AccumulateGrad node's
     input buffer) from the first contributing backward step to the last
     (DESIGN 3, "Shared parameters").
+[12] A model's buffers (batch-norm running statistics) and the constant
+    tensors computed once (positions from ``arange``, masks) are memory the
+    model holds for the whole iteration: the trace's top-level
+    ``constant_bytes``, static beside the weights and their gradients.
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ class Capture:
     # constants computed from parameters (``W.t()``, ``cls_token.expand(...)``) [7]:
     # re-evaluated inside each consuming layer, with gradients
     derived: frozenset[str] = frozenset()
+    constant_bytes: int = 0     # buffers and constant tensors [12]
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -415,7 +420,26 @@ def _capture(gm, nodes, example, progress) -> Capture:
     _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
         progress(None)
-    return Capture(layers, gm, node_layer, frozenset(derived))
+    return Capture(layers, gm, node_layer, frozenset(derived),
+                   _constant_bytes(gm, env, node_layer, derived))
+
+
+def _constant_bytes(gm, env, node_layer, derived) -> int:
+    """Bytes of the model's buffers (batch-norm running statistics) and of the
+    constant tensors computed once (``arange`` positions): resident for the whole
+    iteration beside the parameters [12]."""
+    params = {_sid(p) for p in gm.parameters()}
+    values = list(gm.buffers()) + [v for name, v in env.items()
+                                   if node_layer.get(name, 0) is None and name not in derived
+                                   and isinstance(v, torch.Tensor)]
+    seen: set[int] = set()
+    total = 0
+    for t in values:
+        sid = _sid(t)
+        if sid not in params and sid not in seen:
+            seen.add(sid)
+            total += t.untyped_storage().nbytes()
+    return total
 
 
 def _set_grad_bytes(nodes, env, node_layer, layers) -> None:

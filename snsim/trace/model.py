@@ -127,12 +127,19 @@ class Trace:
                                           t.param_tensors or 0)
 
     @property
+    def constant_bytes(self) -> int:
+        """Static memory beyond parameters: a model's buffers and constant tensors,
+        an op log's constants (top-level ``constant_bytes``; 0 without it)."""
+        return int(self.extra.get("constant_bytes", 0))
+
+    @property
     def static_bytes(self) -> int:
         """Weights, weight gradients (unless born in backward: ``set-to-none``),
-        the optimizer's state (unless offloaded to the host), and an op log's
-        constants (``constant_bytes``, docs/DESIGN.md "Op-log traces"), resident
-        for the whole iteration."""
-        constants = int(self.extra.get("constant_bytes", 0))
+        the optimizer's state (unless offloaded to the host), and the model's
+        buffers and constants or an op log's constants (``constant_bytes``,
+        docs/DESIGN.md sections 3 and "Op-log traces"), resident for the whole
+        iteration."""
+        constants = self.constant_bytes
         t = self.training
         if t is None:
             return 2 * self.param_bytes + constants
