@@ -17,7 +17,10 @@ Replays the route under the budget the way DTR's runtime does (simrd's
   an op re-makes all its results (the resident ones in place; a layer's
   output beside evicted saved extras is freed first and re-made with them);
 - *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
-  route's compute time the run is infeasible (simrd aborts past 2x);
+  route's compute time the run is infeasible (simrd aborts past 2x).  It is
+  declared as soon as it is certain: when the recomputation so far plus the
+  forward time of every evicted layer that a later route step still reads
+  (each must be recomputed at least once; "owed") exceeds the limit;
 - once infeasible, no more evictions: the rest of the route is issued
   without a budget, so the schedule stays whole (it was planned to the end
   with evictions before, 649 s on an LSTM log).
@@ -46,13 +49,17 @@ neighbourhood's layers; a candidate beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
 (2,048) tensors are resident candidates; beyond, ``sample`` (256) drawn
-uniformly (seeded), as DTR's prototype samples.  The full scan is a branch
-and bound with the same choice: every candidate's score is bounded below in
-one numpy pass from a cached cost (its last exact cost, lowered when a class
-next to it loses time), and only candidates whose bound is below the best
-exact score so far are scored exactly (``tests/test_dtr.py`` checks every
-choice against a brute-force scorer on random graphs and ResNet-50; the bound
-needs a score non-decreasing in the cost, as all of these are).  The eviction score
+uniformly (numpy, seeded), as DTR's prototype samples.  Both are a branch
+and bound with the same choice as scoring every candidate (the smallest
+score; of equal ones the highest pool slot, or the last drawn): every
+candidate's score is bounded below in one numpy pass from a cached cost (its
+last exact cost, reset to its own time when a class next to it may have lost
+more than a member's time), and only candidates whose bound does not exceed
+the best exact score so far are scored exactly (``tests/test_dtr.py`` checks
+every choice against a brute-force scorer on random graphs and ResNet-50, the
+sampled choice against a scan of the sample, and that the cached bounds stay
+below the true scores; the bound needs a score non-decreasing in the cost,
+as all of these are).  The eviction score
 is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
 ``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
 The data layer's output is never evicted; where a recomputation would
@@ -63,7 +70,6 @@ end of the route (the input is read from the host, never recomputed).
 from __future__ import annotations
 
 import math
-import random
 from typing import Callable
 
 import numpy as np
@@ -85,7 +91,7 @@ THRASH = 2.0
 FULL_SCAN = 2048
 SAMPLE = 256
 # At most RESCORE exact scores beyond the bound per eviction (None: all, the full
-# scan's choice).  8 took ResNet-2500 at 1.05x from 56 s to 45 s and changed its choices.
+# scan's choice).  An approximation kept for experiments; off by default.
 RESCORE = None
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
@@ -127,7 +133,13 @@ class Planner:
         self.infeasible: str | None = None
         self.keep_remat = keep_remat
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
-        self.rng = random.Random(seed)
+        # layers the route must still recompute: an evicted tensor that a later
+        # route step reads (count per layer) and their summed forward ms, a lower
+        # bound of the recomputation to come (the early thrash test)
+        self.owed: dict[int, int] = {}
+        self.owed_ms = 0.0
+        self.last_use = graph.last_use
+        self.rng = np.random.default_rng(seed)
         self.inputs = [tuple(dict.fromkeys(layer.inputs)) for layer in graph.layers]
         self.fwd = [layer.fwd_ms for layer in graph.layers]
         self.consumers = [tuple(c) for c in graph.consumers]
@@ -251,6 +263,33 @@ class Planner:
                 best, best_h = t, h
         return best
 
+    def best_of(self, picks: list[int]) -> Tensor | None:
+        """:meth:`best` over pool slots ``picks`` (the sample, in draw order), by
+        branch and bound: the same choice (the smallest score; of equal ones the
+        last drawn; ``inf`` only if nothing scores less), but exact scores only
+        for the picks whose lower bound does not exceed the best found so far."""
+        pool, pins = self.pool, self.pins
+        lb = pool.bounds(self.score, self.clock, np.asarray(picks))
+        best_q, best_h = -1, math.inf
+        seen: dict[int, float] = {}
+        for q in np.argsort(lb, kind="stable").tolist():
+            low = lb[q]
+            if low == math.inf or low > best_h * (1.0 + 1e-9):
+                break   # sorted: no later pick can score as little
+            k = picks[q]
+            t = pool.t[k]
+            if pins.get(t):
+                continue
+            h = seen[k] if k in seen else seen.setdefault(k, self.exact(t))
+            if h < best_h or (h == best_h and q > best_q):
+                best_q, best_h = q, h
+        if best_h == math.inf:   # every unpinned pick scores inf: the last one, as best()
+            for q in range(len(picks) - 1, -1, -1):
+                if not pins.get(pool.t[picks[q]]):
+                    return pool.t[picks[q]]
+            return None
+        return pool.t[picks[best_q]]
+
     def victim(self) -> Tensor | None:
         """The evictable tensor with the smallest score: every candidate's lower
         bound (own cost) in one vectorized pass, then exact scores only for those
@@ -262,8 +301,8 @@ class Planner:
         if not n:
             return None
         if self.sample is not None and n > max(self.sample, self.full_scan):
-            rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
-            picked = self.best([int(rnd() * n) for _ in range(self.sample)])
+            # uniform draws, with replacement (a repeat is harmless)
+            picked = self.best_of(self.rng.integers(0, n, self.sample).tolist())
             if picked is not None:
                 return picked
         lb = pool.bounds(self.score, self.clock)
@@ -273,15 +312,18 @@ class Planner:
             free = np.flatnonzero(pool.P[:n] == 0.0)
             return pool.t[int(free[-1])] if len(free) else None
         h = self.exact(pool.t[i])
-        if h > low:
+        # every slot whose bound does not exceed the best exact score found: the
+        # smallest score, of equal ones the highest slot (a scan's choice, so it
+        # never depends on which costs happen to be cached)
+        below = np.flatnonzero(lb <= h * (1.0 + 1e-9))
+        if len(below) > 1 or h > low:
             self.rescored += 1
-            below = np.flatnonzero(lb < h)
             if self.rescore is not None and len(below) > self.rescore:
                 below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
-            for k in below.tolist():
-                if k != i:
+            for k in np.sort(below)[::-1].tolist():   # high slots first: ties keep them
+                if k != i and lb[k] <= h * (1.0 + 1e-9):
                     hk = self.exact(pool.t[k])
-                    if hk < h:
+                    if hk < h or (hk == h and k > i):
                         i, h = k, hk
         return pool.t[i]
 
@@ -296,6 +338,12 @@ class Planner:
                 return
             self.free(t)
             self.evictions += 1
+            if self.remat_ms + self.owed_ms * (1.0 - 1e-9) > self.remat_limit_ms:
+                self.reason = (
+                    f"thrashing: recomputation {self.remat_ms:.3f} ms so far plus at least "
+                    f"{self.owed_ms:.3f} ms owed (evicted tensors the route still reads) "
+                    f"exceeds {self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
+                return
 
     def free(self, t: Tensor) -> None:
         if self.keep_data and t[0] == "X" and self.g.layers[t[1]].kind == "data":
@@ -306,6 +354,11 @@ class Planner:
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
+        if self.last_use.get(t, -1) > self.pos:   # a later route step reads it: owed
+            c = self.owed.get(j, 0)
+            self.owed[j] = c + 1
+            if not c:
+                self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
         if t[0] != "S" and t[0] != "G":
@@ -347,6 +400,8 @@ class Planner:
         self.level += born
         if step[0] == "R":
             self.remat_ms += ms
+            if self.owed.pop(step[1], 0):
+                self.owed_ms -= self.fwd[step[1]]
         pool, nbytes, fwd, pins = self.pool, self.nbytes, self.fwd, self.pins
         clock = self.clock
         for t in new:
