@@ -28,9 +28,12 @@ Replays the route under the budget the way DTR's runtime does (simrd's
 An op's results (``output_sizes``) and saved extras are separate tensors,
 each evicted on its own, as simrd's storages are; a view (``alias_of``) is
 pinned and evicted with its storage.  ``staleness`` is the planned compute
-time since the tensor was last read or made: a read is stamped before the
-reading step's time, a result after it, as in simrd; a staleness of zero
-scores ``inf``.
+time since the tensor was last read or made: a route step's inputs are
+stamped when the step begins (before what it needs is recomputed), its
+results after it; what is recomputed for the step, inputs and results, also
+carries the step's start (simrd stamps an op's inputs when it begins to make
+them ready and never stamps a recompute's results, so along a linear chain its
+stamps are exactly these); a staleness of zero scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
@@ -125,6 +128,7 @@ class Planner:
         self.ops: list[Op] = []
         self.clock = 0.0
         self.pos = 0
+        self.entry = 0.0   # clock when the route step under way began (its stamp)
         self.reason: str | None = None
         self.evictions = 0
         self.remat_ms = 0.0
@@ -373,6 +377,7 @@ class Planner:
     def compute(self, step: Step) -> None:
         """Run a route step, first recomputing what it needs that is missing."""
         needs = self.g.needs(step)
+        self.entry = self.clock   # what this step's recomputes read is stamped now
         self.pin(needs)
         missing = [t for t in needs if t not in self.resident]
         if missing:
@@ -394,7 +399,6 @@ class Planner:
             self.unpin(allocs)
             return
         self.ops.append(Compute(*step))
-        before = self.clock
         ms = g.step_ms(step)
         self.clock += ms
         self.level += born
@@ -411,6 +415,13 @@ class Planner:
             if t[0] == "X":
                 self.unmark_evicted(t[1])
         slot, A = pool.slot, pool.A
+        # simrd stamps an op's inputs when it begins to make them ready, before
+        # recomputing any of them, and a recompute does not stamp its results: a
+        # step's inputs, and all that is recomputed for it, carry the clock at
+        # the step's start (exactly simrd's stamps along a linear chain)
+        before = self.entry
+        if step[0] == "R":
+            clock = before
         for t in needs:
             res[t] = before
             if t in slot:
