@@ -203,3 +203,27 @@ def test_simrd_comparison_passes_and_fails(tmp_path, capsys):
     assert simrd.main([str(suite), "--corpus", str(root)]) == 1   # feasibility differs
     assert "feasibility differs" in capsys.readouterr().out
     assert simrd.main([str(suite), "--corpus", str(tmp_path / "nope")]) == 2
+
+
+def test_simrd_suite_finds_the_shared_corpus_from_a_worktree(tmp_path, monkeypatch):
+    # /work/main/validate/s.toml and /work/wt-x/validate/s.toml both name
+    # "../shared/corpus/dtr-simrd" (relative to the repository) and must find
+    # /work/shared/corpus/dtr-simrd; a checkout deeper down walks up to it
+    from snsim.validation import simrd
+
+    corpus = tmp_path / "work" / "shared" / "corpus" / "dtr-simrd"
+    corpus.mkdir(parents=True)
+    (corpus / "logs.zip").write_bytes(b"")
+    (corpus / "simrd_expected.csv").write_text("model,log,ratio,simrd_overhead\n")
+    text = 'corpus = "../shared/corpus/dtr-simrd"\npolicy = "dtr"\ncell_max = 0.05\nmedian_max = 0.01\n'
+    for repo in (tmp_path / "work" / "wt-x", tmp_path / "work" / "deep" / "down" / "repo"):
+        (repo / "validate").mkdir(parents=True)
+        (repo / "validate" / "s.toml").write_text(text)
+        monkeypatch.chdir(tmp_path)
+        suite = simrd.load_suite(repo / "validate" / "s.toml", None)
+        assert suite["corpus_dir"] == corpus.resolve()
+    lone = tmp_path / "elsewhere" / "repo"
+    (lone / "validate").mkdir(parents=True)
+    (lone / "validate" / "s.toml").write_text(text)
+    with pytest.raises(SnsimError, match="pass --corpus DIR"):
+        simrd.load_suite(lone / "validate" / "s.toml", None)

@@ -17,7 +17,10 @@ Replays the route under the budget the way DTR's runtime does (simrd's
   an op re-makes all its results (the resident ones in place; a layer's
   output beside evicted saved extras is freed first and re-made with them);
 - *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
-  route's compute time the run is infeasible (simrd aborts past 2x);
+  route's compute time the run is infeasible (simrd aborts past 2x).  It is
+  declared as soon as it is certain: when the recomputation so far plus the
+  forward time of every evicted layer that a later route step still reads
+  (each must be recomputed at least once; "owed") exceeds the limit;
 - once infeasible, no more evictions: the rest of the route is issued
   without a budget, so the schedule stays whole (it was planned to the end
   with evictions before, 649 s on an LSTM log).
@@ -25,9 +28,12 @@ Replays the route under the budget the way DTR's runtime does (simrd's
 An op's results (``output_sizes``) and saved extras are separate tensors,
 each evicted on its own, as simrd's storages are; a view (``alias_of``) is
 pinned and evicted with its storage.  ``staleness`` is the planned compute
-time since the tensor was last read or made: a read is stamped before the
-reading step's time, a result after it, as in simrd; a staleness of zero
-scores ``inf``.
+time since the tensor was last read or made: a route step's inputs are
+stamped when the step begins (before what it needs is recomputed), its
+results after it; what is recomputed for the step, inputs and results, also
+carries the step's start (simrd stamps an op's inputs when it begins to make
+them ready and never stamps a recompute's results, so along a linear chain its
+stamps are exactly these); a staleness of zero scores ``inf``.
 
 ``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
 plus that of every evicted layer connected to it through evicted layers
@@ -46,13 +52,17 @@ neighbourhood's layers; a candidate beyond it has infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
 (2,048) tensors are resident candidates; beyond, ``sample`` (256) drawn
-uniformly (seeded), as DTR's prototype samples.  The full scan is a branch
-and bound with the same choice: every candidate's score is bounded below in
-one numpy pass from a cached cost (its last exact cost, lowered when a class
-next to it loses time), and only candidates whose bound is below the best
-exact score so far are scored exactly (``tests/test_dtr.py`` checks every
-choice against a brute-force scorer on random graphs and ResNet-50; the bound
-needs a score non-decreasing in the cost, as all of these are).  The eviction score
+uniformly (numpy, seeded), as DTR's prototype samples.  Both are a branch
+and bound with the same choice as scoring every candidate (the smallest
+score; of equal ones the highest pool slot, or the last drawn): every
+candidate's score is bounded below in one numpy pass from a cached cost (its
+last exact cost, reset to its own time when a class next to it may have lost
+more than a member's time), and only candidates whose bound does not exceed
+the best exact score so far are scored exactly (``tests/test_dtr.py`` checks
+every choice against a brute-force scorer on random graphs and ResNet-50, the
+sampled choice against a scan of the sample, and that the cached bounds stay
+below the true scores; the bound needs a score non-decreasing in the cost,
+as all of these are).  The eviction score
 is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
 ``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
 The data layer's output is never evicted; where a recomputation would
@@ -63,7 +73,6 @@ end of the route (the input is read from the host, never recomputed).
 from __future__ import annotations
 
 import math
-import random
 from typing import Callable
 
 import numpy as np
@@ -74,6 +83,7 @@ from snsim.policies import finishing
 from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
+from snsim.policies.dtr_choose import Chooser
 from snsim.policies.dtr_pool import Classes, Pool
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
@@ -85,7 +95,7 @@ THRASH = 2.0
 FULL_SCAN = 2048
 SAMPLE = 256
 # At most RESCORE exact scores beyond the bound per eviction (None: all, the full
-# scan's choice).  8 took ResNet-2500 at 1.05x from 56 s to 45 s and changed its choices.
+# scan's choice).  An approximation kept for experiments; off by default.
 RESCORE = None
 
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
@@ -98,7 +108,7 @@ HEURISTICS: dict[str, Heuristic] = {
 }
 
 
-class Planner:
+class Planner(Chooser):
     """DTR's replay of the route; :func:`plan_dtr_ops` runs it.
 
     State a scorer may read: ``resident`` (tensor -> last access, ms),
@@ -119,6 +129,7 @@ class Planner:
         self.ops: list[Op] = []
         self.clock = 0.0
         self.pos = 0
+        self.entry = 0.0   # clock when the route step under way began (its stamp)
         self.reason: str | None = None
         self.evictions = 0
         self.remat_ms = 0.0
@@ -127,7 +138,13 @@ class Planner:
         self.infeasible: str | None = None
         self.keep_remat = keep_remat
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
-        self.rng = random.Random(seed)
+        # layers the route must still recompute: an evicted tensor that a later
+        # route step reads (count per layer) and their summed forward ms, a lower
+        # bound of the recomputation to come (the early thrash test)
+        self.owed: dict[int, int] = {}
+        self.owed_ms = 0.0
+        self.last_use = graph.last_use
+        self.rng = np.random.default_rng(seed)
         self.inputs = [tuple(dict.fromkeys(layer.inputs)) for layer in graph.layers]
         self.fwd = [layer.fwd_ms for layer in graph.layers]
         self.consumers = [tuple(c) for c in graph.consumers]
@@ -225,66 +242,6 @@ class Planner:
                 if t in slot:
                     pool.reset(slot[t])
 
-    def exact(self, t: Tensor) -> float:
-        """The score of resident tensor ``t`` (``inf`` for a staleness of zero); its
-        cost is kept as the pool's lower bound."""
-        j = t[1]
-        cost = self.cost(j, self.inputs[j] if t[0] == "S" else self.near[j])
-        i = self.pool.slot.get(t)
-        if i is not None and cost < math.inf:
-            self.pool.cached(i, cost)
-        stale = self.clock - self.resident[t]
-        return self.score(cost, self.nbytes[t], stale) if stale > 0 and cost < math.inf \
-            else math.inf
-
-    def best(self, candidates) -> Tensor | None:
-        """The unpinned tensor of ``candidates`` (pool slots) with the smallest
-        score, scored one by one (``inf`` only if nothing scores less)."""
-        pool, pins = self.pool, self.pins
-        best, best_h = None, math.inf
-        for k in candidates:
-            t = pool.t[k]
-            if pins.get(t):
-                continue
-            h = self.exact(t)
-            if h <= best_h:
-                best, best_h = t, h
-        return best
-
-    def victim(self) -> Tensor | None:
-        """The evictable tensor with the smallest score: every candidate's lower
-        bound (own cost) in one vectorized pass, then exact scores only for those
-        whose bound is below the best exact score so far (branch and bound: the
-        full scan's choice).  With ``sample`` and more than ``full_scan``
-        candidates: the best of ``sample`` drawn uniformly (seeded)."""
-        pool = self.pool
-        n = len(pool)
-        if not n:
-            return None
-        if self.sample is not None and n > max(self.sample, self.full_scan):
-            rnd = self.rng.random   # uniform draws, with replacement (a repeat is harmless)
-            picked = self.best([int(rnd() * n) for _ in range(self.sample)])
-            if picked is not None:
-                return picked
-        lb = pool.bounds(self.score, self.clock)
-        i = int(lb.argmin())
-        low = lb[i]
-        if low == math.inf:   # all pinned or scoring inf: the last unpinned one, as a scan
-            free = np.flatnonzero(pool.P[:n] == 0.0)
-            return pool.t[int(free[-1])] if len(free) else None
-        h = self.exact(pool.t[i])
-        if h > low:
-            self.rescored += 1
-            below = np.flatnonzero(lb < h)
-            if self.rescore is not None and len(below) > self.rescore:
-                below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
-            for k in below.tolist():
-                if k != i:
-                    hk = self.exact(pool.t[k])
-                    if hk < h:
-                        i, h = k, hk
-        return pool.t[i]
-
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
             t = self.victim()
@@ -296,6 +253,12 @@ class Planner:
                 return
             self.free(t)
             self.evictions += 1
+            if self.remat_ms + self.owed_ms * (1.0 - 1e-9) > self.remat_limit_ms:
+                self.reason = (
+                    f"thrashing: recomputation {self.remat_ms:.3f} ms so far plus at least "
+                    f"{self.owed_ms:.3f} ms owed (evicted tensors the route still reads) "
+                    f"exceeds {self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
+                return
 
     def free(self, t: Tensor) -> None:
         if self.keep_data and t[0] == "X" and self.g.layers[t[1]].kind == "data":
@@ -306,6 +269,11 @@ class Planner:
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
+        if self.last_use.get(t, -1) > self.pos:   # a later route step reads it: owed
+            c = self.owed.get(j, 0)
+            self.owed[j] = c + 1
+            if not c:
+                self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
         if t[0] not in ("S", "G", "P"):
@@ -320,6 +288,7 @@ class Planner:
     def compute(self, step: Step) -> None:
         """Run a route step, first recomputing what it needs that is missing."""
         needs = self.g.needs(step)
+        self.entry = self.clock   # what this step's recomputes read is stamped now
         self.pin(needs)
         missing = [t for t in needs if t not in self.resident]
         if missing:
@@ -341,12 +310,13 @@ class Planner:
             self.unpin(allocs)
             return
         self.ops.append(Compute(*step))
-        before = self.clock
         ms = g.step_ms(step)
         self.clock += ms
         self.level += born
         if step[0] == "R":
             self.remat_ms += ms
+            if self.owed.pop(step[1], 0):
+                self.owed_ms -= self.fwd[step[1]]
         pool, nbytes, fwd, pins = self.pool, self.nbytes, self.fwd, self.pins
         clock = self.clock
         for t in new:
@@ -356,6 +326,13 @@ class Planner:
             if t[0] == "X":
                 self.unmark_evicted(t[1])
         slot, A = pool.slot, pool.A
+        # simrd stamps an op's inputs when it begins to make them ready, before
+        # recomputing any of them, and a recompute does not stamp its results: a
+        # step's inputs, and all that is recomputed for it, carry the clock at
+        # the step's start (exactly simrd's stamps along a linear chain)
+        before = self.entry
+        if step[0] == "R":
+            clock = before
         for t in needs:
             res[t] = before
             if t in slot:

@@ -121,6 +121,8 @@ class Classes:
         class is rebuilt into its components (lazily, before the next use)."""
         if j not in self.evicted:
             return
+        if self.dirty:   # rebuilt before the next change, not when scored: a class's
+            self.rebuild()   # membership then never depends on which candidates were scored
         self.evicted.discard(j)
         r = self.find(self.node.pop(j))
         self.live[r] -= 1
@@ -136,8 +138,10 @@ class Classes:
             front.append(j)
             self.front[r] = front
         else:
-            # every neighbour loses X_j's time: one global drop (Pool.drop_all)
+            # every neighbour loses X_j's time: one global drop (Pool.drop_all);
+            # X_j's own neighbours may lose the whole class (reached through X_j)
             self.lowered((), self.fwd[j])
+            self.lowered(self.near[j] + (j,), None)
             self.front[r].append(j)
 
     def rebuild(self) -> None:
@@ -231,15 +235,17 @@ class Pool:
         self.K[i] = self.F[i]
         self.D[i] = self.dropped
 
-    def bounds(self, score, clock: float) -> np.ndarray:
-        """Per slot, ``score`` with the own forward time as the cost (a lower bound
-        of the true score for a score non-decreasing in the cost); inf where the
-        staleness is not positive or the tensor is pinned."""
+    def bounds(self, score, clock: float, at: np.ndarray | None = None) -> np.ndarray:
+        """Per slot (or per slot of ``at``), ``score`` with the cached cost (at least
+        the own forward time) as the cost: a lower bound of the true score for a
+        score non-decreasing in the cost; inf where the staleness is not positive
+        or the tensor is pinned."""
         n = len(self.t)
-        stale = clock - self.A[:n]
+        ix = slice(0, n) if at is None else at
+        stale = clock - self.A[ix]
         with np.errstate(divide="ignore", invalid="ignore"):
-            cost = self.K[:n] - (self.dropped - self.D[:n])
-            lb = score(np.maximum(cost, self.F[:n]), self.S[:n], stale)
-        lb = np.asarray(lb, dtype=float) + self.P[:n]
+            cost = self.K[ix] - (self.dropped - self.D[ix])
+            lb = score(np.maximum(cost, self.F[ix]), self.S[ix], stale)
+        lb = np.asarray(lb, dtype=float) + self.P[ix]
         lb[stale <= 0] = math.inf
         return lb

@@ -35,12 +35,30 @@ def load_suite(path: Path, corpus: str | None) -> dict:
     for key in ("corpus", "policy", "cell_max", "median_max"):
         if key not in suite:
             raise SnsimError(f"{path}: missing key {key!r}")
-    root = Path(corpus) if corpus else (path.resolve().parent.parent.parent / suite["corpus"])
+    root = Path(corpus) if corpus else find_corpus(path, suite["corpus"])
     suite["corpus_dir"] = root
     for name in ("logs.zip", "simrd_expected.csv"):
         if not (root / name).exists():
             raise SnsimError(f"{root / name}: no such file (pass --corpus DIR)")
     return suite
+
+
+def find_corpus(suite_path: Path, corpus: str) -> Path:
+    """The suite's ``corpus`` folder: relative to the repository (the suite's
+    folder's parent), else, walking up from the repository and from the working
+    directory, the first ``shared/corpus/<name>`` found (a worktree beside
+    ``shared/``, or a checkout inside it), else the first guess, for the error."""
+    repo = suite_path.resolve().parent.parent
+    first = (repo / corpus).resolve()
+    if (first / "logs.zip").exists():
+        return first
+    name = Path(corpus).name
+    for start in (repo, Path.cwd().resolve()):
+        for up in (start, *start.parents):
+            cand = up / "shared" / "corpus" / name
+            if (cand / "logs.zip").exists():
+                return cand
+    return first
 
 
 def expected(root: Path) -> list[dict]:
@@ -131,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n")[0])
     ap.add_argument("suite", help="suite file (validate/dtr-simrd.toml)")
     ap.add_argument("--corpus", help="folder with logs.zip and simrd_expected.csv "
-                    "(default: the suite's corpus, relative to the repository)")
+                    "(default: the suite's corpus relative to the repository, else "
+                    "shared/corpus/<name> in the nearest folder above it or the "
+                    "working directory that has one)")
     ap.add_argument("--out", help="folder for report.json and report.md")
     args = ap.parse_args(argv)
     try:

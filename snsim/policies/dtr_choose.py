@@ -1,0 +1,112 @@
+"""``dtr``'s victim choice: the evictable tensor with the smallest score.
+
+A mixin of :class:`snsim.policies.dtr.Planner` (it reads the planner's pool,
+pins, clock, score and classes).  Every choice is a scan's (the smallest
+score; of equal ones the highest pool slot, or the last drawn of a sample),
+found by branch and bound: every candidate's score is bounded below in one
+numpy pass (:meth:`snsim.policies.dtr_pool.Pool.bounds`, from a cached cost),
+and only candidates whose bound does not exceed the best exact score so far
+are scored exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from snsim.graph import Tensor
+
+
+class Chooser:
+    """``exact``, ``best``, ``best_of`` and ``victim`` for the planner."""
+
+    def exact(self, t: Tensor) -> float:
+        """The score of resident tensor ``t`` (``inf`` for a staleness of zero); its
+        cost is kept as the pool's lower bound."""
+        j = t[1]
+        cost = self.cost(j, self.inputs[j] if t[0] == "S" else self.near[j])
+        i = self.pool.slot.get(t)
+        if i is not None and cost < math.inf:
+            self.pool.cached(i, cost)
+        stale = self.clock - self.resident[t]
+        return self.score(cost, self.nbytes[t], stale) if stale > 0 and cost < math.inf \
+            else math.inf
+
+    def best(self, candidates) -> Tensor | None:
+        """The unpinned tensor of ``candidates`` (pool slots) with the smallest
+        score, scored one by one (``inf`` only if nothing scores less)."""
+        pool, pins = self.pool, self.pins
+        best, best_h = None, math.inf
+        for k in candidates:
+            t = pool.t[k]
+            if pins.get(t):
+                continue
+            h = self.exact(t)
+            if h <= best_h:
+                best, best_h = t, h
+        return best
+
+    def best_of(self, picks: list[int]) -> Tensor | None:
+        """:meth:`best` over pool slots ``picks`` (the sample, in draw order), by
+        branch and bound: the same choice (the smallest score; of equal ones the
+        last drawn; ``inf`` only if nothing scores less), but exact scores only
+        for the picks whose lower bound does not exceed the best found so far."""
+        pool, pins = self.pool, self.pins
+        lb = pool.bounds(self.score, self.clock, np.asarray(picks))
+        best_q, best_h = -1, math.inf
+        seen: dict[int, float] = {}
+        for q in np.argsort(lb, kind="stable").tolist():
+            low = lb[q]
+            if low == math.inf or low > best_h * (1.0 + 1e-9):
+                break   # sorted: no later pick can score as little
+            k = picks[q]
+            t = pool.t[k]
+            if pins.get(t):
+                continue
+            h = seen[k] if k in seen else seen.setdefault(k, self.exact(t))
+            if h < best_h or (h == best_h and q > best_q):
+                best_q, best_h = q, h
+        if best_h == math.inf:   # every unpinned pick scores inf: the last one, as best()
+            for q in range(len(picks) - 1, -1, -1):
+                if not pins.get(pool.t[picks[q]]):
+                    return pool.t[picks[q]]
+            return None
+        return pool.t[picks[best_q]]
+
+    def victim(self) -> Tensor | None:
+        """The evictable tensor with the smallest score: every candidate's lower
+        bound (own cost) in one vectorized pass, then exact scores only for those
+        whose bound is below the best exact score so far (branch and bound: the
+        full scan's choice).  With ``sample`` and more than ``full_scan``
+        candidates: the best of ``sample`` drawn uniformly (seeded)."""
+        pool = self.pool
+        n = len(pool)
+        if not n:
+            return None
+        if self.sample is not None and n > max(self.sample, self.full_scan):
+            # uniform draws, with replacement (a repeat is harmless)
+            picked = self.best_of(self.rng.integers(0, n, self.sample).tolist())
+            if picked is not None:
+                return picked
+        lb = pool.bounds(self.score, self.clock)
+        i = int(lb.argmin())
+        low = lb[i]
+        if low == math.inf:   # all pinned or scoring inf: the last unpinned one, as a scan
+            free = np.flatnonzero(pool.P[:n] == 0.0)
+            return pool.t[int(free[-1])] if len(free) else None
+        h = self.exact(pool.t[i])
+        # every slot whose bound does not exceed the best exact score found: the
+        # smallest score, of equal ones the highest slot (a scan's choice, so it
+        # never depends on which costs happen to be cached)
+        below = np.flatnonzero(lb <= h * (1.0 + 1e-9))
+        if len(below) > 1 or h > low:
+            self.rescored += 1
+            if self.rescore is not None and len(below) > self.rescore:
+                below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
+            for k in np.sort(below)[::-1].tolist():   # high slots first: ties keep them
+                if k != i and lb[k] <= h * (1.0 + 1e-9):
+                    hk = self.exact(pool.t[k])
+                    if hk < h or (hk == h and k > i):
+                        i, h = k, hk
+        return pool.t[i]
