@@ -114,8 +114,33 @@ def liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     return _liveness_seq(graph, seq)
 
 
+def _frees(graph: Graph, seq: list[Step]) -> list[list[Tensor]]:
+    """``use_positions(graph, seq)[1]`` without the positions (liveness reads only
+    the frees): the same lists, in the same order."""
+    needs, allocs = graph.needs_map, graph.allocs_map
+    last: dict[Tensor, int] = {}
+    frees: list[list[Tensor]] = [[] for _ in seq]
+    get = last.get
+    for p, step in enumerate(seq):
+        for t in needs[step]:
+            last[t] = p
+        for t in allocs[step]:
+            q = get(t)
+            if q is not None and q != p:
+                frees[q].append(t)
+            last[t] = p
+    holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
+    if holds:
+        for t, q in last.items():
+            frees[max(q, holds.get(t, -1))].append(t)
+    else:
+        for t, q in last.items():
+            frees[q].append(t)
+    return frees
+
+
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
-    _, frees = use_positions(graph, seq)
+    frees = use_positions(graph, seq)[1] if seq is graph.route else _frees(graph, seq)
     ops: list[Op] = []
     append, extend = ops.append, ops.extend
     for p, (phase, i) in enumerate(seq):

@@ -59,21 +59,18 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     stride = default_stride(g)
     keep = sqrt_n_keep(g)
-    s = plan_recompute("sqrt-n", ctx, keep, "speed")
+    s = None    # the default plan, built only where it is the answer
     if ctx.budget_bytes is not None:
         cap = ctx.budget_bytes
-
-        def fits(plan) -> bool:
-            return math.isfinite(replay.estimate_ms(g, plan.ops, cap))
-
-        whole = plan_recompute("sqrt-n", ctx, [True] * g.n, "speed")
-        if fits(whole):
-            keep, s, stride = [True] * g.n, whole, 0
+        # a copy-free plan fits under the simulator's rules (a finite
+        # replay.estimate_ms) iff its planned peak (frees immediate) does
+        every = [True] * g.n
+        whole = plan_recompute("sqrt-n", ctx, every, "speed")
+        if replay.fits(g, whole.ops, cap):
+            keep, s, stride = every, whole, 0
         else:
             # The fitting peak is not monotone in the stride (a longer segment
             # recomputes more at once), so scan up from 1: least recompute first.
-            # A copy-free plan fits iff its planned peak (frees immediate) does.
-            every = [True] * g.n
             for st in range(1, stride):
                 k = sqrt_n_keep(g, st)
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
@@ -81,6 +78,8 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
                     keep, stride = k, st
                     s = plan_recompute("sqrt-n", ctx, keep, "speed")
                     break
+    if s is None:
+        s = plan_recompute("sqrt-n", ctx, keep, "speed")
     s.stats["kept_layers"] = sum(keep)
     s.stats["stride"] = stride
     return s
