@@ -63,3 +63,28 @@ def test_fit_test_equals_walking_each_plan(name, graph, conv_only):
     assert agree
     if total > 3 and not conv_only and name in ("resnet", "k40c_resnet50"):
         assert both, f"{name}: no budget where some k fit and others did not (test too weak)"
+
+
+@pytest.mark.parametrize("name,graph", list(_graphs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_sqrt_n_forward_floor_is_a_floor(name, graph):
+    """sqrt-n's scan skips a stride whose forward floor is over the budget: the floor
+    must be at most the planned level of that plan's last forward step."""
+    from snsim.policies import sequences
+    from snsim.policies.sqrt_n import default_stride, forward_floor, sqrt_n_keep
+    from snsim.schedule import ledger
+
+    every = [True] * graph.n
+    for st in range(1, default_stride(graph) + 2):
+        keep = sqrt_n_keep(graph, st)
+        floor = forward_floor(graph, keep)
+        if floor is None:
+            continue
+        ops = sequences.liveness_seq(graph, sequences.recompute_sequence(graph, keep, every))
+        level = graph.trace.static_bytes
+        for op, (nb, ws, freed) in zip(ops, ledger.iter_effects(graph, ops)):
+            level += nb - freed
+            if getattr(op, "step", None) == ("F", graph.n - 1):
+                assert floor <= level + ws, (name, st)
+                break
+        else:
+            raise AssertionError("no last forward step")

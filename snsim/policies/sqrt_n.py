@@ -53,6 +53,20 @@ def default_stride(graph) -> int:
     return max(1, round(math.sqrt(m)))
 
 
+def forward_floor(graph, keep: list[bool]) -> int | None:
+    """A floor under the planned level at the last forward step of the plan that
+    keeps ``keep`` (a plan above the budget there cannot fit, so the scan need not
+    build it): the static bytes and the output of every kept layer that a
+    backward step reads, all resident then (made in forward, never recomputed,
+    freed after their last use in backward).  None where tensors are held past
+    their uses (op-log traces): no floor."""
+    if graph.holds:
+        return None
+    n, last, x = graph.n, graph.last_use, graph.x_bytes
+    return graph.trace.static_bytes + sum(x[i] for i in range(n)
+                                          if keep[i] and last.get(("X", i), -1) >= n)
+
+
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once",
           order=45, needs=("backward",))
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
@@ -65,14 +79,21 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
         # a copy-free plan fits under the simulator's rules (a finite
         # replay.estimate_ms) iff its planned peak (frees immediate) does
         every = [True] * g.n
-        whole = plan_recompute("sqrt-n", ctx, every, "speed")
-        if replay.fits(g, whole.ops, cap):
+
+        def over(k: list[bool]) -> bool:   # certainly over the budget (forward_floor)
+            floor = forward_floor(g, k)
+            return floor is not None and floor > cap
+
+        whole = None if over(every) else plan_recompute("sqrt-n", ctx, every, "speed")
+        if whole is not None and replay.fits(g, whole.ops, cap):
             keep, s, stride = every, whole, 0
         else:
             # The fitting peak is not monotone in the stride (a longer segment
             # recomputes more at once), so scan up from 1: least recompute first.
             for st in range(1, stride):
                 k = sqrt_n_keep(g, st)
+                if over(k):
+                    continue
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
                 if replay.fits(g, ops, cap):
                     keep, stride = k, st
