@@ -18,6 +18,7 @@ from snsim.schedule.ops import Compute, Free, Op
 # ``all`` run (and every probe of a budget search) asks for the same ones
 _ROUTE_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
+_COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
@@ -71,13 +72,19 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
     Returns ``uses`` (tensor -> sorted positions) and ``frees`` (position ->
     tensors whose current instance is last used there: a tensor that is
     allocated again later is freed after its last use before that).  For the
-    route itself (``seq is graph.route``) they are computed once per graph and
-    shared: read them, never change them.
+    route itself (``seq is graph.route``), and for a copy of it, they are computed
+    once per graph and shared: read them, never change them.
     """
     if seq is graph.route:
         got = _ROUTE_USES.get(graph)
         if got is None:
             got = _ROUTE_USES[graph] = _use_positions(graph, seq)
+        return got
+    if len(seq) == len(graph.route) and seq == graph.route:
+        # a copy of the route (the cache planners' walk; no holds: see _use_positions)
+        got = _COPY_USES.get(graph)
+        if got is None:
+            got = _COPY_USES[graph] = _use_positions(graph, seq)
         return got
     return _use_positions(graph, seq)
 
