@@ -4,8 +4,9 @@ A point is a :class:`Point`: where its trace comes from (:class:`TraceSpec`:
 a trace file, a torch-free modeled ResNet, or a zoo model at a batch), the
 policy, the budget (bytes, or a multiple of the trace's lower bound) and an
 optional host-link bandwidth.  Its cache key is the SHA-256 of its
-configuration and of its trace's content (the file's bytes, or the generated
-document), so a changed trace is a new point.  Each finished point is written
+configuration, of its trace's content (the file's bytes, or the generated
+document) and of snsim's own source, so a changed trace, or a changed planner
+or simulator, is a new point.  Each finished point is written
 to ``CACHE/<key>.json`` whole (temp + rename) as soon as it returns: a sweep
 interrupted (Ctrl-C, a killed worker) and run again redoes no finished point
 and never reads a partial one.  An infeasible point, or one a policy refuses
@@ -114,8 +115,14 @@ def trace_sha256(spec: TraceSpec) -> str:
 
 
 def point_key(point: Point) -> str:
+    """The point's cache key: its configuration, its trace's content and the
+    source of the snsim package (a changed planner or simulator is a new key, as
+    in the capacity searches' probe cache), never a stale row."""
+    from snsim.search.cache import code_sha256
+
     blob = json.dumps({"format": FORMAT, "config": point.config(),
-                       "trace_sha256": trace_sha256(point.trace)}, sort_keys=True)
+                       "trace_sha256": trace_sha256(point.trace),
+                       "code_sha256": code_sha256()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -182,6 +189,7 @@ def run_sweep(points: Sequence[Point], cache_dir: str | Path, *, workers: int = 
     import pandas as pd
 
     from snsim.fileio import provenance, write_json
+    from snsim.search.cache import code_sha256
 
     if workers < 1:
         raise SnsimError(f"--workers must be at least 1, got {workers}")
@@ -209,6 +217,7 @@ def run_sweep(points: Sequence[Point], cache_dir: str | Path, *, workers: int = 
         write_json(cache / f"{keys[i]}.json", {"format": FORMAT, "key": keys[i],
                                                "config": points[i].config(),
                                                "trace_sha256": trace_sha256(points[i].trace),
+                                               "code_sha256": code_sha256(),
                                                "row": row, "provenance": prov})
         rows[i] = row
         if bar is not None:

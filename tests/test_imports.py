@@ -62,3 +62,29 @@ def test_the_table_still_uses_pandas():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "policy" in proc.stdout and proc.stderr.strip().endswith("True")
+
+
+def test_one_policy_imports_only_its_planner():
+    """``--policy P`` imports the module that registers P (and its helpers), not the
+    other planners: ``liveness`` neither ``dtr`` nor numpy, which only ``dtr`` needs;
+    the registry still lists every policy once asked for all of them."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    code = ("import sys; from snsim import policies; info = policies.get(sys.argv[1]); "
+            "mods = sorted(m for m in sys.modules if m.startswith('snsim.policies.')); "
+            "print(info.name, 'numpy' in sys.modules, *mods); "
+            "print(*policies.names())")
+    proc = subprocess.run([sys.executable, "-c", code, "liveness"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first, names = proc.stdout.strip().splitlines()[-2:]
+    name, numpy, *mods = first.split()
+    assert name == "liveness" and numpy == "False"
+    assert "snsim.policies.liveness" in mods and "snsim.policies.dtr" not in mods
+    assert not any(m.startswith("snsim.policies.optimal") for m in mods)
+    assert {"liveness", "dtr", "superneurons", "vdnn-all", "sqrt-n"} <= set(names.split())
+    # a name no module registers is still refused with the full list
+    proc = subprocess.run([sys.executable, "-c", "from snsim import policies; "
+                           "policies.get('nope')"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown policy 'nope'" in proc.stderr
+    assert "superneurons" in proc.stderr.splitlines()[-1]

@@ -62,6 +62,24 @@ def test_key_follows_the_trace_content(tmp_path):
     assert point_key(Point(R50, "liveness")) != point_key(Point(R50, "none"))
 
 
+def test_key_follows_the_code_version(tmp_path, monkeypatch):
+    """A sweep rerun into the same cache after snsim's source changed (a policy
+    fixed) recomputes its points instead of returning the old rows."""
+    from snsim.search import cache
+
+    pts = grid([TraceSpec("file", path=SMALL)], ["liveness", "none"], budget_factor=[1.5])
+    first = run_sweep(pts, tmp_path / "c", progress=False)
+    assert first.computed == 2
+    assert run_sweep(pts, tmp_path / "c", progress=False).cached == 2
+    k = point_key(pts[0])
+    monkeypatch.setattr(cache, "code_sha256", lambda: "0" * 64)   # another code version
+    assert point_key(pts[0]) != k
+    again = run_sweep(pts, tmp_path / "c", progress=False)
+    assert again.computed == 2 and again.cached == 0
+    stored = json.loads((tmp_path / "c" / f"{point_key(pts[0])}.json").read_text())
+    assert stored["code_sha256"] == "0" * 64
+
+
 def test_interrupted_sweep_resumes_without_losing_a_point(tmp_path):
     pts = _points()
     seen = []

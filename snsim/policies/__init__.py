@@ -61,6 +61,30 @@ def _load_all() -> None:
     _loaded = True
 
 
+def _load_one(name: str) -> None:
+    """Import only the module that registers ``name`` (found by its ``register("name"``
+    in the sources: a command that plans one policy does not import the others,
+    numpy with ``dtr`` among them); every module when none says so."""
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(r'@register\(\s*["\']' + re.escape(name) + r'["\']')
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.name in _INTERNAL or mod.name.startswith("_"):
+            continue
+        path = Path(__path__[0]) / mod.name
+        path = path / "__init__.py" if mod.ispkg else path.with_suffix(".py")
+        try:
+            source = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if pattern.search(source):
+            importlib.import_module(f"{__name__}.{mod.name}")
+            if name in _REGISTRY:
+                return
+    _load_all()
+
+
 def names(reference: bool = False) -> list[str]:
     """Registered policy names, in presentation order; with ``reference``, the
     reference planners too."""
@@ -70,7 +94,8 @@ def names(reference: bool = False) -> list[str]:
 
 
 def get(name: str) -> PolicyInfo:
-    _load_all()
+    if name not in _REGISTRY and not _loaded:
+        _load_one(name)
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -74,21 +74,23 @@ class CachePlanner:
         # next_b[p]: the next boundary position after p (the last position if none)
         end = len(seq) - 1
         self.next_b = [end] * len(seq)
-        nxt = end
-        for q in range(len(seq) - 1, -1, -1):
-            self.next_b[q] = nxt
-            if self.boundary is not None and self.boundary[q]:
-                nxt = q
+        if self.boundary is not None:
+            nxt, bnd, next_b = end, self.boundary, self.next_b
+            for q in range(len(seq) - 1, -1, -1):
+                next_b[q] = nxt
+                if bnd[q]:
+                    nxt = q
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use).
         ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
-        sz, allocs = self.sz, graph.allocs_map
+        size, allocs = self.sz.__getitem__, graph.allocs_map
         layers = graph.layers
         self.ws_need = [ws(st) if layers[st[1]].workspace else 0 for st in seq]
         # parameter gradients a backward step makes (set-to-none): resident from
         # that step on, never evictable
-        self.born = [graph.param_grad_bytes(st) for st in seq]
-        self.step_need = [sum([sz[t] for t in allocs[st]]) + w + b
+        self.born = [graph.param_grad_bytes(st) for st in seq] if graph.grads_born \
+            else [0] * len(seq)
+        self.step_need = [sum(map(size, allocs[st])) + w + b
                           for st, w, b in zip(seq, self.ws_need, self.born)]
 
     # ---- memory

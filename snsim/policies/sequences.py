@@ -18,6 +18,7 @@ from snsim.schedule.ops import Compute, Free, Op
 # ``all`` run (and every probe of a budget search) asks for the same ones
 _ROUTE_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
+_COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
@@ -72,13 +73,19 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
     Returns ``uses`` (tensor -> sorted positions) and ``frees`` (position ->
     tensors whose current instance is last used there: a tensor that is
     allocated again later is freed after its last use before that).  For the
-    route itself (``seq is graph.route``) they are computed once per graph and
-    shared: read them, never change them.
+    route itself (``seq is graph.route``), and for a copy of it, they are computed
+    once per graph and shared: read them, never change them.
     """
     if seq is graph.route:
         got = _ROUTE_USES.get(graph)
         if got is None:
             got = _ROUTE_USES[graph] = _use_positions(graph, seq)
+        return got
+    if len(seq) == len(graph.route) and seq == graph.route:
+        # a copy of the route (the cache planners' walk; no holds: see _use_positions)
+        got = _COPY_USES.get(graph)
+        if got is None:
+            got = _COPY_USES[graph] = _use_positions(graph, seq)
         return got
     return _use_positions(graph, seq)
 
@@ -115,8 +122,33 @@ def liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     return _liveness_seq(graph, seq)
 
 
+def _frees(graph: Graph, seq: list[Step]) -> list[list[Tensor]]:
+    """``use_positions(graph, seq)[1]`` without the positions (liveness reads only
+    the frees): the same lists, in the same order."""
+    needs, allocs = graph.needs_map, graph.allocs_map
+    last: dict[Tensor, int] = {}
+    frees: list[list[Tensor]] = [[] for _ in seq]
+    get = last.get
+    for p, step in enumerate(seq):
+        for t in needs[step]:
+            last[t] = p
+        for t in allocs[step]:
+            q = get(t)
+            if q is not None and q != p:
+                frees[q].append(t)
+            last[t] = p
+    holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
+    if holds:
+        for t, q in last.items():
+            frees[max(q, holds.get(t, -1))].append(t)
+    else:
+        for t, q in last.items():
+            frees[q].append(t)
+    return frees
+
+
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
-    _, frees = use_positions(graph, seq)
+    frees = use_positions(graph, seq)[1] if seq is graph.route else _frees(graph, seq)
     ops: list[Op] = []
     append, extend = ops.append, ops.extend
     for p, (phase, i) in enumerate(seq):

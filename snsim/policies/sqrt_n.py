@@ -53,34 +53,54 @@ def default_stride(graph) -> int:
     return max(1, round(math.sqrt(m)))
 
 
+def forward_floor(graph, keep: list[bool]) -> int | None:
+    """A floor under the planned level at the last forward step of the plan that
+    keeps ``keep`` (a plan above the budget there cannot fit, so the scan need not
+    build it): the static bytes and the output of every kept layer that a
+    backward step reads, all resident then (made in forward, never recomputed,
+    freed after their last use in backward).  None where tensors are held past
+    their uses (op-log traces): no floor."""
+    if graph.holds:
+        return None
+    n, last, x = graph.n, graph.last_use, graph.x_bytes
+    return graph.trace.static_bytes + sum(x[i] for i in range(n)
+                                          if keep[i] and last.get(("X", i), -1) >= n)
+
+
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once",
           order=45, needs=("backward",))
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     stride = default_stride(g)
     keep = sqrt_n_keep(g)
-    s = plan_recompute("sqrt-n", ctx, keep, "speed")
+    s = None    # the default plan, built only where it is the answer
     if ctx.budget_bytes is not None:
         cap = ctx.budget_bytes
+        # a copy-free plan fits under the simulator's rules (a finite
+        # replay.estimate_ms) iff its planned peak (frees immediate) does
+        every = [True] * g.n
 
-        def fits(plan) -> bool:
-            return math.isfinite(replay.estimate_ms(g, plan.ops, cap))
+        def over(k: list[bool]) -> bool:   # certainly over the budget (forward_floor)
+            floor = forward_floor(g, k)
+            return floor is not None and floor > cap
 
-        whole = plan_recompute("sqrt-n", ctx, [True] * g.n, "speed")
-        if fits(whole):
-            keep, s, stride = [True] * g.n, whole, 0
+        whole = None if over(every) else plan_recompute("sqrt-n", ctx, every, "speed")
+        if whole is not None and replay.fits(g, whole.ops, cap):
+            keep, s, stride = every, whole, 0
         else:
             # The fitting peak is not monotone in the stride (a longer segment
             # recomputes more at once), so scan up from 1: least recompute first.
-            # A copy-free plan fits iff its planned peak (frees immediate) does.
-            every = [True] * g.n
             for st in range(1, stride):
                 k = sqrt_n_keep(g, st)
+                if over(k):
+                    continue
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
                 if replay.fits(g, ops, cap):
                     keep, stride = k, st
                     s = plan_recompute("sqrt-n", ctx, keep, "speed")
                     break
+    if s is None:
+        s = plan_recompute("sqrt-n", ctx, keep, "speed")
     s.stats["kept_layers"] = sum(keep)
     s.stats["stride"] = stride
     return s

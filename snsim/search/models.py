@@ -44,9 +44,17 @@ class Family:
 @functools.lru_cache(maxsize=6)
 def _resnet_graph(stages: tuple[int, ...], batch: int, device_model: str,
                   model: str | None) -> Graph:
+    import gc
+
     depth = 3 * sum(stages) + 2
-    return graph_of(resnet_doc(stages, batch, device_model, model=model),
-                    f"{model or f'resnet-{depth}'} (b{batch}, {device_model}, no torch)")
+    was = gc.isenabled()
+    gc.disable()   # ~10^5 acyclic objects: no cyclic collection while they are made
+    try:
+        doc = resnet_doc(stages, batch, device_model, model=model)
+    finally:
+        if was:
+            gc.enable()
+    return graph_of(doc, f"{model or f'resnet-{depth}'} (b{batch}, {device_model}, no torch)")
 
 
 def _resnet_identity(stages, batch: int, device_model: str, model: str | None) -> dict:
