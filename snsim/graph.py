@@ -501,18 +501,21 @@ class Graph:
         size = self.sizes.__getitem__
         needs, allocs, layers = self.needs_map, self.allocs_map, self.layers
         grads_born = self.grads_born
+        born_bytes, in_place = self.born_bytes, self.in_place_of
         for s in self.route:
             layer = layers[s[1]]
             if grads_born and s[0] == "B":   # param_grad_bytes, inline (~10^4 steps)
-                born += layer.param_bytes
+                born += born_bytes[s[1]]
             # least_step_bytes, inline
             reads = sum(map(size, needs[s]))
             need = reads + sum(map(size, allocs[s]))
+            if s[1] in in_place and s[0] != "B":
+                need -= self.alias_bytes(s[1])   # its input dies into its output
             ws = layer.workspace
             if ws:
                 if s[0] == "B":
                     least = need + min(w.backward_bytes for w in ws)
-                    own = layer.param_bytes if grads_born else 0
+                    own = born_bytes[s[1]] if grads_born else 0
                     for w in ws:
                         if w.bwd_released is not None:
                             least = min(least, reads + w.bwd_released - own)

@@ -116,3 +116,18 @@ def test_the_field_is_checked_on_load():
     doc["layers"][2]["inplace_alias"] = "yes"
     with pytest.raises(TraceError, match="inplace_alias"):
         from_dict(doc, "t")
+
+
+def test_lower_bound_credits_the_in_place_step():
+    # a frozen stem (no parameters: no backward) with 4000 B outputs: out of place
+    # the largest step is F2 (X1 + X2 = 8000); in place F2 needs only X1 (4000)
+    # and the largest is fc's backward B3 (G3 100 + X2 4000 = 4100)
+    def net(alias):
+        t = _net(alias)
+        layers = list(t.layers)
+        layers[1] = replace(layers[1], output_bytes=4000, param_bytes=0)
+        layers[2] = replace(layers[2], output_bytes=4000)
+        return replace(t, layers=tuple(layers))
+    g_in, g_out = Graph(net(True)), Graph(net(False))
+    assert g_out.lower_bound_bytes - g_out.trace.static_bytes == 8000
+    assert g_in.lower_bound_bytes - g_in.trace.static_bytes == 4100

@@ -72,3 +72,16 @@ def test_the_field_is_checked_on_load():
     doc["layers"][3]["param_shares"] = [[1, 10, 3]]
     with pytest.raises(TraceError, match="not a pair"):
         from_dict(doc, "t")
+
+
+def test_lower_bound_counts_born_gradients_at_the_first_contributor():
+    # set-to-none: fc2's backward makes the shared 1000 B; the bound equals the
+    # step-by-step sum of least_step_bytes with the born bytes so far
+    t = Training(optimizer="sgd", grads="set-to-none")
+    g = Graph(_net(True, t))
+    born, best = 0, 0
+    for s in g.route:
+        born += g.param_grad_bytes(s)
+        best = max(best, born + g.least_step_bytes(s))
+    best = max(best, born + g.least_step_bytes(g.optimizer_step))
+    assert g.lower_bound_bytes == g.trace.static_bytes + best
