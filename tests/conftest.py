@@ -69,3 +69,15 @@ def with_workspace() -> Trace:
           ws=[Workspace("slow", 0, 3.0, 6.0), Workspace("fast", 60, 1.0, 2.0, bwd_bytes=80)]),
         L(2, "loss", [1], 4, fwd=0.5, bwd=0.5, reads=["inputs"]),
     ], "ws")
+
+
+def liveness_peak(trace: Trace) -> int:
+    """The simulated peak of ``trace`` under liveness with no budget."""
+    from snsim.graph import Graph
+    from snsim.policies.liveness import liveness_ops
+    from snsim.schedule.ops import Schedule
+    from snsim.sim import simulate
+
+    g = Graph(trace)
+    return simulate(g, Schedule("liveness", liveness_ops(g), 1 << 40), 1 << 40,
+                    record=False).peak_bytes

@@ -11,10 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from snsim.graph import ADD, COPY, NEW, SHARE, Graph
-from snsim.policies.liveness import liveness_ops
-from snsim.schedule.ops import Schedule
-from snsim.sim import simulate
-from tests.conftest import L, make
+from tests.conftest import L, liveness_peak, make
 
 
 def _shares(layer, *ids):
@@ -30,12 +27,6 @@ def _residual(shared: bool):
                  L(4, "loss", [3], 4, extra=8)])
 
 
-def _peak(trace):
-    g = Graph(trace)
-    return simulate(g, Schedule("liveness", liveness_ops(g), 1 << 40), 1 << 40,
-                    record=False).peak_bytes
-
-
 def test_add_passes_its_gradient_through_and_the_branch_adds_in_place():
     g = Graph(_residual(True))
     assert g.grad_plan[3] == ((1, SHARE, ("G", 3), None), (2, SHARE, ("G", 3), None))
@@ -49,7 +40,7 @@ def test_add_passes_its_gradient_through_and_the_branch_adds_in_place():
     # the peak is in the forward otherwise)
     plain = Graph(_residual(False))
     assert plain.allocs(("B", 3)) == (("G", 1), ("G", 2))
-    assert _peak(_residual(False)) - _peak(_residual(True)) == 100
+    assert liveness_peak(_residual(False)) - liveness_peak(_residual(True)) == 100
 
 
 def test_a_contribution_while_the_storage_is_still_shared_is_summed_out_of_place():

@@ -13,16 +13,15 @@ from dataclasses import replace
 
 import pytest
 
+from snsim.errors import TraceError
 from snsim.graph import Graph
 from snsim.policies.base import PlanContext
 from snsim.policies.liveness import liveness_ops
 from snsim.policies.none import plan_none
 from snsim.schedule.ledger import in_place_steps, planned_peak, walk
-from snsim.schedule.ops import Compute, Free, Offload, Schedule
-from snsim.sim import simulate
-from snsim.errors import TraceError
+from snsim.schedule.ops import Compute, Free, Offload
 from snsim.trace import from_dict, to_dict
-from tests.conftest import L, make
+from tests.conftest import L, liveness_peak, make
 
 
 def _net(alias: bool):
@@ -34,12 +33,6 @@ def _net(alias: bool):
     return make([L(0, "data", [], 100), L(1, "conv", [0], 400, params=10, reads=["inputs"]),
                  relu, L(3, "fc", [2], 40, params=10, reads=["inputs"]),
                  L(4, "loss", [3], 4, extra=8)])
-
-
-def _liveness_peak(trace):
-    g = Graph(trace)
-    return simulate(g, Schedule("liveness", liveness_ops(g), 1 << 40), 1 << 40,
-                    record=False).peak_bytes
 
 
 def test_the_relu_takes_over_the_conv_output_where_it_dies():
@@ -55,7 +48,7 @@ def test_the_relu_takes_over_the_conv_output_where_it_dies():
     # the forward peak moved from F2 (40 + 100 + 400 + 400 = 940) to F3
     # (40 + X0 100 + X2 400 + X3 40 = 580); backward: B2 holds X0, X2, G2 and makes G1
     # (400): 40 + 100 + 400 + 400 + 400 = 1340 in both
-    assert _liveness_peak(_net(False)) == _liveness_peak(_net(True)) == 1340
+    assert liveness_peak(_net(False)) == liveness_peak(_net(True)) == 1340
     # the step's own need: the lower bound counts F2 at X1 only
     assert g.least_step_bytes(("F", 2)) == 400
     assert Graph(_net(False)).least_step_bytes(("F", 2)) == 800
