@@ -294,3 +294,22 @@ class MutatedThroughView(nn.Module):
 
 def mutated_through_view():
     return MutatedThroughView(), _floats(BATCH * 4, 16)
+
+
+class InplaceInput(nn.Module):
+    """In place on the input batch (``relu_``), and ``h += 1`` (``add_`` in eager)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = F.relu(x, inplace=True)
+        h = self.fc(x)
+        h += 1.0
+        return self.head(torch.sigmoid(h))
+
+
+def inplace_input():
+    return InplaceInput(), _floats(BATCH * 4, 16)

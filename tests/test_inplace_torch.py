@@ -38,7 +38,7 @@ def test_inplace_leaky_relu_reads_its_output_and_aliases_its_input():
     assert set(g.in_place_of) == {la["id"] for la in acts}
 
 
-@pytest.mark.parametrize("name", ["inplace_cnn", "mutated_variable"])
+@pytest.mark.parametrize("name", ["inplace_cnn", "mutated_variable", "inplace_input"])
 def test_in_place_runs_match_plain_pytorch(name):
     trace = from_dict(_doc(name), name)
     session = Session()
@@ -49,6 +49,16 @@ def test_in_place_runs_match_plain_pytorch(name):
     assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
     assert abs(out.peak_error) < 0.001, out.peak_error            # vs snsim's executor
     assert abs(out.plain_peak_error) < 0.001, out.plain_peak_error  # vs plain autograd
+
+
+def test_augmented_assignment_is_the_in_place_add_eager_runs():
+    # fx would record ``h += 1.0`` as ``h + 1.0``; eager PyTorch runs ``add_``
+    layers = _doc("inplace_input")["layers"]
+    (iadd,) = [la for la in layers if la["name"] == "iadd"]
+    (fc,) = [la for la in layers if la["name"] == "fc"]
+    assert iadd["inplace_of"] == fc["id"] and iadd["inplace_alias"] is True
+    (relu,) = [la for la in layers if la["name"] == "relu"]
+    assert relu["inplace_of"] == 0     # on the input batch, which the loop holds
 
 
 def test_a_dropped_in_place_result_is_read_through_the_variable():

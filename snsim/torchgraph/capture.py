@@ -145,6 +145,21 @@ class UnpackingProxy(fx.Proxy):
                 return iter(items)
         return self.tracer.iter(self)
 
+    # ``x += y`` runs in place in eager PyTorch (``add_``), but fx.Proxy has no
+    # ``__iadd__``, so Python would record ``x = x + y``: record the in-place
+    # operator, which capture treats as an in-place layer [2]
+    def __iadd__(self, other):
+        return self.tracer.create_proxy("call_function", operator.iadd, (self, other), {})
+
+    def __isub__(self, other):
+        return self.tracer.create_proxy("call_function", operator.isub, (self, other), {})
+
+    def __imul__(self, other):
+        return self.tracer.create_proxy("call_function", operator.imul, (self, other), {})
+
+    def __itruediv__(self, other):
+        return self.tracer.create_proxy("call_function", operator.itruediv, (self, other), {})
+
 
 @dataclass
 class LayerOp:

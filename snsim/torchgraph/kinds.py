@@ -50,7 +50,7 @@ for _kind, _fns in {
     "softmax": (F.softmax, torch.softmax, F.log_softmax, "softmax", "log_softmax"),
     "attention": (F.scaled_dot_product_attention,),
     "concat": (torch.cat, torch.concat, torch.concatenate),
-    "add": (operator.add, torch.add, "add"),
+    "add": (operator.add, operator.iadd, torch.add, "add", "add_"),
     "loss": (F.cross_entropy, F.nll_loss, F.mse_loss),
 }.items():
     for _fn in _fns:

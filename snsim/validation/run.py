@@ -259,14 +259,29 @@ def liveness_prediction(graph):
     """What ``liveness`` predicts for a plain PyTorch step, with the whole device memory.
 
     The one difference from policy ``liveness``: the input batch ``X_0`` is never
-    freed, since the user's training loop holds it for the whole step."""
+    freed, since the user's training loop holds it for the whole step (or the
+    in-place layer that took its storage over)."""
     from snsim.graph import X
     from snsim.policies.liveness import liveness_ops
-    from snsim.schedule.ops import RELEASE, Compute, Schedule
+    from snsim.schedule.ops import COMPUTE, RELEASE, Compute, Schedule
     from snsim.sim import simulate
 
+    from snsim.schedule.ledger import in_place_bytes
+
     huge = 1 << 60
-    ops = [op for op in liveness_ops(graph) if not (op.action == RELEASE and op.tensor == X(0))]
+    ops = liveness_ops(graph)
+    # The batch's storage is what the loop holds: where in-place layers write into
+    # it (``x.sub_(mean)``, ``relu_``), it is theirs, and the last of that chain is
+    # what stays (DESIGN 3, "In-place storage")
+    held = X(0)
+    while True:
+        nxt = [i for i, t in graph.in_place_of.items() if t == held]
+        k = next((k for k, op in enumerate(ops) if op.action == COMPUTE
+                  and nxt and op.step == ("F", nxt[0])), None)
+        if k is None or not in_place_bytes(graph, ops, k, graph.size(X(nxt[0]))):
+            break
+        held = X(nxt[0])
+    ops = [op for op in ops if not (op.action == RELEASE and op.tensor == held)]
     if graph.optimizer_step is not None:   # the user's optimizer.step() ends the step
         ops.append(Compute(*graph.optimizer_step))
     return simulate(graph, Schedule("liveness", ops, huge), huge, record=False)
