@@ -293,3 +293,53 @@ def test_early_thrash_test_is_sound():
                 _, free, other = plan_dtr_ops(g, cap, thrash_limit=1e9)
                 assert other is not None or free["remat_ms"] > limit, (cap, free)
     assert fired >= 3
+
+
+def _components(near, evicted):
+    seen, comps = set(), []
+    for j in sorted(evicted):
+        if j in seen:
+            continue
+        comp, stack = set(), [j]
+        seen.add(j)
+        while stack:
+            k = stack.pop()
+            comp.add(k)
+            for q in near[k]:
+                if q in evicted and q not in seen:
+                    seen.add(q)
+                    stack.append(q)
+        comps.append(frozenset(comp))
+    return set(comps)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_classes_are_the_components_after_every_change(seed):
+    # a member leaving its class without a rebuild (at most one evicted neighbour)
+    # must leave the same classes, with the same summed time, as a rebuild would
+    import random
+
+    from snsim.policies.dtr_pool import Classes
+
+    g = Graph(synth.random_dag(seed, 60) if seed % 2 else synth.chain(60))
+    near = [tuple(dict.fromkeys(layer.inputs)) + tuple(c) for layer, c
+            in zip(g.layers, g.consumers)]
+    fwd = [1.0 + (j % 7) / 8 for j in range(g.n)]   # exact in binary floats
+    cls = Classes(near, fwd)
+    rng = random.Random(seed)
+    for _ in range(400):
+        j = rng.randrange(1, g.n)
+        if j in cls.evicted:
+            cls.remove(j)
+        else:
+            cls.add(j)
+        if cls.dirty:   # rebuilt lazily, before the next use (cost) or change
+            cls.rebuild()
+        comps = _components(near, cls.evicted)
+        got = {}
+        for k in cls.evicted:
+            got.setdefault(cls.root(k), set()).add(k)
+        assert {frozenset(v) for v in got.values()} == comps
+        for r, members in got.items():
+            assert cls.ms[r] == sum(fwd[k] for k in members)
+            assert cls.size(r) == len(members)

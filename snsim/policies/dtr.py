@@ -155,6 +155,7 @@ class Planner(Chooser):
             tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
         self.nbytes = {t: size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
+        self.in_pool = [0] * graph.n         # per layer, its tensors in the pool
         self.rescored = 0                    # evictions that scored beyond the bound
         self.rescore = RESCORE
         self.with_extras = frozenset(j for j in range(1, graph.n)
@@ -225,8 +226,7 @@ class Planner(Chooser):
         return self.fwd[j] + ms
 
     def scored(self, j: int) -> bool:
-        slot = self.pool.slot
-        return any(t in slot for t in self.cands[j])
+        return self.in_pool[j] > 0
 
     def lowered(self, layers, by: float | None) -> None:
         """The neighbourhood cost of ``layers``' tensors dropped by up to all of it
@@ -276,6 +276,7 @@ class Planner(Chooser):
                 self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
+            self.in_pool[j] -= 1
         if t[0] not in ("S", "G", "P"):
             for v in self.views[j]:   # a view goes with its storage
                 if ("X", v) in res:
@@ -323,6 +324,7 @@ class Planner(Chooser):
             self.level += g.size(t)
             if t in nbytes:
                 pool.add(t, clock, fwd[t[1]], nbytes[t], bool(pins.get(t)))
+                self.in_pool[t[1]] += 1
             if t[0] == "X":
                 self.unmark_evicted(t[1])
         slot, A = pool.slot, pool.A

@@ -53,10 +53,22 @@ class Chooser:
         last drawn; ``inf`` only if nothing scores less), but exact scores only
         for the picks whose lower bound does not exceed the best found so far."""
         pool, pins = self.pool, self.pins
-        lb = pool.bounds(self.score, self.clock, np.asarray(picks))
+        at = np.asarray(picks)
+        lb = pool.bounds(self.score, self.clock, at)
+        picks = at.tolist()
         best_q, best_h = -1, math.inf
         seen: dict[int, float] = {}
-        for q in np.argsort(lb, kind="stable").tolist():
+        # only picks whose bound does not exceed the smallest bound's exact score can
+        # win: sorting those (a prefix of the sorted order) is the whole sort's loop
+        q0 = int(lb.argmin())
+        if lb[q0] < math.inf:
+            k0 = picks[q0]
+            h0 = seen[k0] = self.exact(pool.t[k0])
+            near = np.flatnonzero(lb <= h0 * (1.0 + 1e-9))
+            order = near[np.argsort(lb[near], kind="stable")].tolist()
+        else:
+            order = []
+        for q in order:
             low = lb[q]
             if low == math.inf or low > best_h * (1.0 + 1e-9):
                 break   # sorted: no later pick can score as little
@@ -86,7 +98,7 @@ class Chooser:
             return None
         if self.sample is not None and n > max(self.sample, self.full_scan):
             # uniform draws, with replacement (a repeat is harmless)
-            picked = self.best_of(self.rng.integers(0, n, self.sample).tolist())
+            picked = self.best_of(self.rng.integers(0, n, self.sample))
             if picked is not None:
                 return picked
         lb = pool.bounds(self.score, self.clock)

@@ -8,7 +8,9 @@ neighbourhood cost is a few ``find`` calls (O(alpha) amortized).  simrd never
 splits a class: a member that comes back (recomputed) only takes its time
 off the class, so the class may stay joined through it.  Here a class that
 loses a member is rebuilt into its connected pieces (exactly the
-components) while it has at most :data:`SPLIT_MAX` members; a larger class
+components) while it has at most :data:`SPLIT_MAX` members (a member with
+at most one evicted neighbour cannot disconnect it: it only leaves the class,
+no rebuild, the usual case along a recomputed chain); a larger class
 is left joined through its returned members, as simrd's approximation
 does, since rebuilding it costs its size on every recompute (quadratic on a
 deep evicted chain).  Its summed time is always exact for its present
@@ -123,15 +125,28 @@ class Classes:
             return
         if self.dirty:   # rebuilt before the next change, not when scored: a class's
             self.rebuild()   # membership then never depends on which candidates were scored
-        self.evicted.discard(j)
-        r = self.find(self.node.pop(j))
+        ev = self.evicted
+        ev.discard(j)
+        nd = self.node.pop(j)
+        r = self.find(nd)
         self.live[r] -= 1
         self.ms[r] -= self.fwd[j]
         if self.live[r] == 0:
             self.ms[r] = 0.0
-        if len(self.members[r]) <= SPLIT_MAX or self.live[r] == 0:
+        members = self.members[r]
+        if len(members) <= SPLIT_MAX and self.live[r] and \
+                len({k for k in self.near[j] if k in ev}) <= 1:
+            # an end of its (exact, connected) class: the rest stays connected, so
+            # the class only loses X_j, as a rebuild would find (without its cost)
+            members.remove(nd)
+            scored = self.scored
+            front = list(dict.fromkeys(k for k in self.front[r] if k not in ev or scored(k)))
+            self.lowered(front, None)
+            front.append(j)
+            self.front[r] = front
+        elif len(members) <= SPLIT_MAX or self.live[r] == 0:
             # split: a neighbour may lose more than X_j's time
-            ev, scored = self.evicted, self.scored
+            scored = self.scored
             front = list(dict.fromkeys(k for k in self.front[r] if k not in ev or scored(k)))
             self.dirty.add(r)
             self.lowered(front, None)
