@@ -261,7 +261,8 @@ def in_place_bytes(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()
     t = graph.in_place_of.get(op.layer)
     if t is None or op.phase == "B" or t in host or nbytes < graph.sizes[("X", op.layer)]:
         return 0
-    for nxt in ops[k + 1:]:
+    for m in range(k + 1, len(ops)):   # no slice: ~10^4 in-place layers on deep traces
+        nxt = ops[m]
         if nxt.action != RELEASE:
             return 0
         if nxt.tensor == t:
