@@ -498,54 +498,38 @@ class Graph:
         schedule, so each step also needs those made up to and including it."""
         born = 0
         best = 0
-        size = self.sizes.__getitem__
-        needs, allocs, layers = self.needs_map, self.allocs_map, self.layers
-        grads_born = self.grads_born
-        born_bytes, in_place = self.born_bytes, self.in_place_of
-        for s in self.route:
-            layer = layers[s[1]]
-            if grads_born and s[0] == "B":   # param_grad_bytes, inline (~10^4 steps)
-                born += born_bytes[s[1]]
-            # least_step_bytes, inline
-            reads = sum(map(size, needs[s]))
-            need = reads + sum(map(size, allocs[s]))
-            if s[1] in in_place and s[0] != "B":
-                need -= self.alias_bytes(s[1])   # its input dies into its output
-            ws = layer.workspace
-            if ws:
-                if s[0] == "B":
-                    least = need + min(w.backward_bytes for w in ws)
-                    own = born_bytes[s[1]] if grads_born else 0
-                    for w in ws:
-                        if w.bwd_released is not None:
-                            least = min(least, reads + w.bwd_released - own)
-                    need = least
-                else:
-                    need += min(w.fwd_bytes for w in ws)
-            if born + need > best:
-                best = born + need
-        if self.optimizer_step:
-            best = max(best, born + self.least_step_bytes(self.optimizer_step))
+        least, born_of = self.least_step_bytes, self.param_grad_bytes
+        for s in self.route + ([self.optimizer_step] if self.optimizer_step else []):
+            born += born_of(s)
+            need = born + least(s)
+            if need > best:
+                best = need
         return self.trace.static_bytes + best
 
     def least_step_bytes(self, step: Step) -> int:
-        """The smallest level ``step`` itself can run at, over its workspace entries."""
+        """The smallest level ``step`` itself can run at, over its workspace entries:
+        what it reads and allocates (less what an in-place step writes into its
+        dying input), plus the smallest workspace; a backward step with a measured
+        hand-over peak at least what it reads plus that peak."""
         if step[0] == "O":
             return self.optimizer_transient_bytes
-        ws = self.layers[step[1]].workspace
-        plain = self.step_bytes(step)
+        size = self.sizes.__getitem__
+        reads = sum(map(size, self.needs_map[step]))
+        need = reads + sum(map(size, self.allocs_map[step]))
         if step[0] != "B" and step[1] in self.in_place_of:
-            plain -= self.alias_bytes(step[1])   # its input dies into its output
+            need -= self.alias_bytes(step[1])   # its input dies into its output
+        ws = self.layers[step[1]].workspace
         if not ws:
-            return plain
-        best = plain + self.min_workspace_bytes(step)
-        for algo in range(len(ws)):
-            released = self.bwd_released(step, algo)
-            if released is not None:
-                reads = sum(self.size(t) for t in self.needs_map[step])
-                # the measured peak holds gradients born in the step, which the lower
-                # bound counts on its own (set-to-none)
-                best = min(best, reads + released - self.param_grad_bytes(step))
+            return need
+        if step[0] != "B":
+            return need + min(w.fwd_bytes for w in ws)
+        best = need + min(w.backward_bytes for w in ws)
+        # the measured peak holds gradients born in the step, which the lower bound
+        # counts on its own (set-to-none)
+        own = self.param_grad_bytes(step)
+        for w in ws:
+            if w.bwd_released is not None:
+                best = min(best, reads + w.bwd_released - own)
         return best
 
     @cached_property
