@@ -139,9 +139,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 # a resident S (saved extras re-made by a recompute), or a resident result
                 # of an op with several (its recompute returns them all), is overwritten
                 # in place
-            w = workspace(graph, ops, k, nbytes, host) if ws else 0
-            if op.layer in in_place and op.phase != "B":
-                w -= in_place_bytes(graph, ops, k, nbytes, host)
+            w = workspace(graph, ops, k, nbytes, host) if ws or op.layer in in_place else 0
             append((nbytes + (born[op.layer] if born and op.phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
@@ -214,9 +212,8 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                     nbytes += sizes[t]
             layer = layers[op.layer]
             grads = born[op.layer] if born and phase == "B" else 0
-            w = workspace(graph, ops, k, nbytes, host) if layer.workspace else 0
-            if op.layer in in_place and phase != "B":
-                w -= in_place_bytes(graph, ops, k, nbytes, host)
+            w = workspace(graph, ops, k, nbytes, host) \
+                if layer.workspace or op.layer in in_place else 0
             yield (nbytes + grads, w, 0)
         elif tp is Free:
             t = op.tensor
@@ -277,26 +274,13 @@ def in_place_steps(graph: Graph, ops: Sequence[Op]) -> frozenset:
         return frozenset()
     out = []
     host: set = set()
-    resident: set = set()
-    allocs_of, sizes = graph.allocs_map, graph.sizes
-    for k, op in enumerate(ops):
+    for k, (op, (nbytes, _, _)) in enumerate(zip(ops, iter_effects(graph, ops))):
         tp = type(op)
-        if tp is Compute and op.phase in ("F", "R"):
-            nbytes = 0
-            for t in allocs_of[op.step]:
-                if t not in resident:
-                    resident.add(t)
-                    nbytes += sizes[t]
-            if op.layer in graph.in_place_of and in_place_bytes(graph, ops, k, nbytes, host):
-                out.append(k)
-        elif tp is Compute and op.phase == "B":
-            resident.update(allocs_of[op.step])
-        elif tp is Free:
-            resident.discard(op.tensor)
-        elif tp is Prefetch:
-            resident.add(op.tensor)
-        elif tp is Offload:
+        if tp is Offload:
             host.add(op.tensor)
+        elif tp is Compute and op.layer in graph.in_place_of \
+                and in_place_bytes(graph, ops, k, nbytes, host):
+            out.append(k)
     return frozenset(out)
 
 
@@ -316,13 +300,16 @@ def workspace(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> 
     """Workspace of compute step ``ops[k]`` that allocates ``nbytes``; for a backward
     step that hands its dying reads to autograd, what makes ``alloc + workspace`` its
     measured peak above the level before it (possibly negative: autograd frees
-    what the step read as its nodes run)."""
+    what the step read as its nodes run); for an in-place step writing into its
+    dying input, less that input's bytes (:func:`in_place_bytes`)."""
     op = ops[k]
     step = (op.phase, op.layer)
-    if op.phase == "B" and hands_over(graph, ops, k, host):
-        # the measured peak holds the step's gradients born in backward (set-to-none)
-        return graph.bwd_released(step, op.algo) - nbytes - graph.param_grad_bytes(step)
-    return graph.workspace_bytes(step, op.algo)
+    if op.phase == "B":
+        if hands_over(graph, ops, k, host):
+            # the measured peak holds the step's gradients born in backward (set-to-none)
+            return graph.bwd_released(step, op.algo) - nbytes - graph.param_grad_bytes(step)
+        return graph.workspace_bytes(step, op.algo)
+    return graph.workspace_bytes(step, op.algo) - in_place_bytes(graph, ops, k, nbytes, host)
 
 
 def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
