@@ -544,10 +544,13 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
     def value_of(n):
         return derived[n.name][0]() if n.name in derived else env[n.name]
 
-    def call(*xs):
+    def call_with(f, *xs):
         sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index
                               else value_of(n))
-        return fn(*sub[0], **sub[1])
+        return f(*sub[0], **sub[1])
+
+    def call(*xs):
+        return call_with(fn, *xs)
 
     if not layer_args:  # depends on no layer: a constant [1], or derived from parameters [7]
         with torch.no_grad():
@@ -573,9 +576,7 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
             xs = list(xs)
             if xs[k0].requires_grad:
                 xs[k0] = ShareStorage.apply(xs[k0])
-            sub = fx.node.map_arg((args, kwargs), lambda n: xs[index[n.name]] if n.name in index
-                                  else value_of(n))
-            return fn_in_place(*sub[0], **sub[1])
+            return call_with(fn_in_place, *xs)
     else:
         run = None
     op.key = _memo_key(gm, node, index, leaves, env) if memo is not None else None

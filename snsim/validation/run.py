@@ -275,12 +275,12 @@ def liveness_prediction(graph):
     # what stays (DESIGN 3, "In-place storage")
     held = X(0)
     while True:
-        nxt = [i for i, t in graph.in_place_of.items() if t == held]
-        k = next((k for k, op in enumerate(ops) if op.action == COMPUTE
-                  and nxt and op.step == ("F", nxt[0])), None)
-        if k is None or not in_place_bytes(graph, ops, k, graph.size(X(nxt[0]))):
+        i = next((i for i, t in graph.in_place_of.items() if t == held), None)
+        k = None if i is None else next(k for k, op in enumerate(ops)
+                                        if op.action == COMPUTE and op.step == ("F", i))
+        if k is None or not in_place_bytes(graph, ops, k, graph.size(X(i))):
             break
-        held = X(nxt[0])
+        held = X(i)
     ops = [op for op in ops if not (op.action == RELEASE and op.tensor == held)]
     if graph.optimizer_step is not None:   # the user's optimizer.step() ends the step
         ops.append(Compute(*graph.optimizer_step))
