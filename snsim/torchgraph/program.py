@@ -37,8 +37,8 @@ class Program:
     """Per-layer callables of ``model`` on inputs shaped like ``example``.
 
     ``run(i, values)`` computes layer ``i`` given ``values[j]`` for each of
-    its input layers ``j``.  In-place modules run out of place (so each layer
-    owns its output, as in the trace), through the capture's own wrappers.
+    its input layers ``j``.  In-place layers run the model's in-place kernel,
+    on their input or on a copy of it (``run``).
     """
 
     def __init__(self, model: nn.Module, example: torch.Tensor):
@@ -71,8 +71,9 @@ class Program:
                 if node.op != "placeholder":
                     fn, _ = cap.op_callable(self.gm, node)
                     self._fns[node.name] = fn
-        # the in-place kernels of layers that may write into their input's storage
-        # (capture note [2]; the executor runs them where the ledger says so)
+        # in-place layers run the model's in-place kernel, as capture analysed them
+        # (what autograd saves differs in place, note [2]): into their input's
+        # storage where the executor says so, else on a copy of that input
         self._in_place: dict[int, Callable] = {}
         targets = None
         for c in captured.layers:
@@ -82,7 +83,7 @@ class Program:
                       if node is not None and node.op == "call_module" else None)
             params = list(c.op.params) if c.op is not None else []
             self.layers.append(LayerFn(i, node, c.inputs, module, params))
-            if c.inplace_alias and node is not None:
+            if c.inplace_of is not None and node is not None:
                 self._in_place[i] = cap.inplace_callable(self.gm, node)
             if c.kind == "loss":
                 targets = c.op
@@ -159,8 +160,9 @@ class Program:
                 values[i] = self.run(i, values)
 
     def run(self, i: int, values: dict[int, Any], in_place: bool = False) -> Any:
-        """Compute layer ``i`` from its input layers' tensors; ``in_place``: with the
-        model's in-place kernel, writing into its first input (capture note [2])."""
+        """Compute layer ``i`` from its input layers' tensors.  An in-place layer runs
+        the model's in-place kernel: with ``in_place`` into its first input, else
+        into a copy of it (a new tensor, as the trace counts it; capture note [2])."""
         layer = self.layers[i]
         seen: dict = {}
         if i == self.n - 1:
@@ -169,7 +171,11 @@ class Program:
         node = layer.node
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda n: self._value(n, values, seen))
-        fn = self._in_place[i] if in_place else self._fns[node.name]
+        fn = self._in_place.get(i)
+        if fn is None:
+            return self._fns[node.name](*args, **kwargs)
+        if not in_place:
+            args = (args[0].clone(),) + tuple(args[1:])
         return fn(*args, **kwargs)
 
     def existing_bytes(self) -> int:
