@@ -313,3 +313,24 @@ class InplaceInput(nn.Module):
 
 def inplace_input():
     return InplaceInput(), _floats(BATCH * 4, 16)
+
+
+class HardswishCNN(nn.Module):
+    """In-place Hardswish keeps a copy of its input (a saved extra): a swapping
+    policy offloads it, frees it and brings it back for the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.h = nn.Hardswish(inplace=True)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.h2 = nn.Hardswish(inplace=True)
+        self.c = nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(self.c(self.h2(self.b(self.h(self.a(x))))).mean((2, 3)))
+
+
+def hardswish_cnn():
+    return HardswishCNN(), _floats(BATCH, 3, 32, 32)

@@ -71,3 +71,19 @@ def test_a_dropped_in_place_result_is_read_through_the_variable():
 def test_reading_the_old_value_through_another_view_is_refused():
     with pytest.raises(SnsimError, match="in-place op relu changes fc.*through view"):
         profiler.profile("tests.families:mutated_through_view", None, repeats=1, warmup=0)
+
+
+@pytest.mark.parametrize("policy,budget", [("liveness", None), ("utp", "1.1xlb"),
+                                           ("superneurons", "1.1xlb")])
+def test_in_place_layers_that_keep_a_copy_under_swapping(policy, budget):
+    # in place, Hardswish saves a copy of its input (S_i); where the step cannot
+    # write into its input the executor runs the in-place kernel on a copy, so it
+    # saves what the trace says; utp offloads, frees and prefetches that S_i
+    trace = from_dict(_doc("hardswish_cnn"), "hardswish_cnn")
+    session = Session()
+    case = Case(model="tests.families:hardswish_cnn", batch=None, policy=policy,
+                budget=budget, repeats=1, warmup=0)
+    session.traces[(case.model, None, None, "cpu", case.training)] = trace
+    out = validate_case(case, session)
+    assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
+    assert abs(out.peak_error) < 0.001, out.peak_error

@@ -751,6 +751,8 @@ class Executor:
 
     def _prefetch(self, t) -> None:
         items, copies = self.host[t]
+        if t[0] == "S":   # its records hold the device copy again: the next free clears them
+            self.extras[t[1]] = list(items)
         if self.cuda:
             self.h2d.wait_stream(torch.cuda.current_stream(self.device))
             offload = self.events.get(t)
