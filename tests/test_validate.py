@@ -95,3 +95,16 @@ def test_real_run_shows_its_phases(capsys):
     at = [err.find(p) for p in phases]
     assert -1 not in at and at == sorted(at), err[-2000:]
     assert session.bar is None   # closed
+
+
+def test_validate_infeasible_plan_shows_no_peak_error(capsys):
+    """A plan the simulator finds infeasible has a partial prediction: no error beside it."""
+    code = main(["validate", "--model", "toymodels:residual", "--batch", "4", "--policy",
+                 "sqrt-n", "--budget", "1.0xlb", "--repeats", "1", "--warmup", "0",
+                 "--no-progress"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "INFEASIBLE" in text
+    peak_line = next(line for line in text.splitlines() if "peak memory" in line)
+    assert "no prediction to compare" in peak_line and "error" not in peak_line
+    assert "predicted" not in next(line for line in text.splitlines() if "step time" in line)

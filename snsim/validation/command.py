@@ -162,10 +162,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"{case.model}, batch {out.batch}, {case.device}: policy {out.policy}, budget "
           f"{fmt_bytes(out.budget_bytes) if out.budget_bytes else 'device memory'}"
           + ("" if out.feasible else f"  (simulator: INFEASIBLE: {out.reason})"))
-    print(f"  peak memory  predicted {fmt_bytes(out.predicted_peak_bytes):>12}  measured "
-          f"{fmt_bytes(out.measured_peak_bytes):>12}  error {out.peak_error:+.1%}")
-    print(f"  step time    predicted {out.predicted_step_ms:9.2f} ms  measured "
-          f"{out.measured_step_ms:9.2f} ms  error {out.time_error:+.1%}")
+    if out.feasible:
+        print(f"  peak memory  predicted {fmt_bytes(out.predicted_peak_bytes):>12}  measured "
+              f"{fmt_bytes(out.measured_peak_bytes):>12}  error {out.peak_error:+.1%}")
+        print(f"  step time    predicted {out.predicted_step_ms:9.2f} ms  measured "
+              f"{out.measured_step_ms:9.2f} ms  error {out.time_error:+.1%}")
+    else:  # the simulator stopped where the plan failed: its figures cover part of a step
+        print(f"  peak memory  measured {fmt_bytes(out.measured_peak_bytes):>12}  (no prediction "
+              "to compare: the simulator stops where the plan fails)")
+        print(f"  step time    measured {out.measured_step_ms:9.2f} ms")
     print(f"  gradients    max |executor - autograd| = {out.max_grad_abs_diff:.3g}")
     if out.optimizer or out.grads or out.amp:
         print(f"  training     optimizer {out.optimizer or 'sgd'} (state "
