@@ -26,7 +26,7 @@ inputs and outputs).  The pieces that make that true:
     pinned host buffers and one copy stream per direction, with events, so
     compute waits only at the schedule's ``Wait``.  On CPU a copy job holds
     the device tensors it reads until it ends, so a free issued meanwhile
-    releases memory only then; the compute thread drops them (``_reap``,
+    releases memory only then; the compute thread drops them (``reap``,
     before each op and at each wait), never the copy thread: the CPU
     allocator reports a free to the profiler only on a thread the profiler
     runs on, and a free in the copy thread left the measured running total
@@ -85,8 +85,6 @@ inputs and outputs).  The pieces that make that true:
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -95,115 +93,21 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from snsim.errors import ScheduleError
 from snsim.execute import optim
-from snsim.graph import ADD, COPY, SHARE, Graph, tensor_name
+from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
+from snsim.execute.transfer import CopyEngines
+from snsim.graph import ADD, COPY, SHARE, Graph
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
-
 from snsim.torchgraph import amp
 from snsim.torchgraph.capture import ShareStorage
 from snsim.torchgraph.program import Program
-
-
-class _Saved:
-    """One tensor autograd saved: held directly, or a handle to the store [2]."""
-
-    __slots__ = ("t", "key", "elem", "size", "stride", "rel", "once")
-
-    def __init__(self, t: torch.Tensor):
-        self.t: torch.Tensor | None = t
-        self.key = None
-        self.elem = None
-        self.once = False
-
-    def own(self, base: Any) -> None:
-        """Hold the tensor itself, read from ``base`` (the store's value it was bound
-        to), and give it up when autograd unpacks it [7]."""
-        if self.key is not None:
-            if self.elem is not None:
-                base = flat(base)[self.elem]
-            self.t = base.as_strided(self.size, self.stride, base.storage_offset() + self.rel)
-            self.key = None
-        self.once = True
-
-    def bind(self, key, base: torch.Tensor, elem: int | None = None) -> None:
-        """Re-read from the store's ``key`` (element ``elem`` of a tuple-valued layer)."""
-        t = self.t
-        self.key, self.elem, self.size, self.stride = key, elem, t.size(), t.stride()
-        self.rel = t.storage_offset() - base.storage_offset()
-        self.t = None
-
-    def get(self, store: dict) -> torch.Tensor:
-        if self.key is None:
-            t = self.t
-            if t is None:
-                raise ScheduleError("a saved extra tensor was freed before the backward "
-                                    "step that needs it")
-            if self.once:  # autograd's node holds it now and drops it when it is done [7]
-                self.t = None
-            return t
-        base = store.get(self.key)
-        if base is None:
-            raise ScheduleError(f"backward needs {tensor_name(self.key)}, not resident")
-        if self.elem is not None:
-            base = flat(base)[self.elem]
-        return base.as_strided(self.size, self.stride, base.storage_offset() + self.rel)
-
-
-@dataclass
-class _Edge:
-    out: list                   # GradientEdge per tensor of the layer's output (None: no grad)
-    inputs: dict[int, list]     # input layer -> GradientEdge per tensor of its leaf alias
-    shapes: list
-    records: list[_Saved]       # keep the handles alive with the graph
-
-
-def _ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-class _Slot:
-    """Where a tensor of a tuple-valued layer sits while the tuple is off the device."""
-
-
-_SLOT = _Slot()
-
-
-@dataclass(frozen=True)
-class _Elem:
-    """Tensor ``k`` (in :func:`flat` order) of the tuple-valued store entry ``key``."""
-
-    key: tuple
-    k: int
-
-
-def flat(value: Any) -> list:
-    """The tensors of a layer's value, in order: itself, or those of a (nested) tuple [6]."""
-    if isinstance(value, (torch.Tensor, _Slot)):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in flat(v)]
-    return []
 
 
 def _or(alias, x):
     return x if alias is None else alias
 
 
-def _rebuild(value: Any, tensors) -> Any:
-    """``value``'s structure with its tensors replaced, in :func:`flat` order."""
-    if isinstance(value, (torch.Tensor, _Slot)):
-        return next(tensors)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rebuild(v, tensors) for v in value)
-    return value
-
-
-def remap(value: Any, fn) -> Any:
-    """Apply ``fn`` to every tensor of ``value``, keeping its structure."""
-    return _rebuild(value, iter([fn(t) for t in flat(value)]))
-
-
-class Executor:
+class Executor(CopyEngines):
     """Run ``schedule`` on ``program`` (one training step per :meth:`step`).
 
     Each parameter's ``.grad`` exists for the whole step (static memory, as in
@@ -246,12 +150,7 @@ class Executor:
             self.optimizer = optim.make(graph.training, program.param_list)
             optim.initialize(self.optimizer)
         self.amp = amp.of(graph.training)
-        if self.cuda:
-            self.d2h = torch.cuda.Stream(device)
-            self.h2d = torch.cuda.Stream(device)
-        else:  # one thread per copy engine, as the simulator models them [4]
-            self.d2h_pool = ThreadPoolExecutor(1, thread_name_prefix="snsim-d2h")
-            self.h2d_pool = ThreadPoolExecutor(1, thread_name_prefix="snsim-h2d")
+        self.open_engines(device)   # one per copy direction, as the simulator models them [4]
 
     def prepare(self, fresh: bool = False) -> None:
         """Allocate parameter gradients and note static storages.
@@ -267,7 +166,7 @@ class Executor:
                 p.grad = None
             elif p.grad is None or fresh:
                 p.grad = torch.zeros_like(p)
-        self.static_ptrs = {_ptr(t) for t in list(self.p.model.parameters())
+        self.static_ptrs = {storage_ptr(t) for t in list(self.p.model.parameters())
                             + list(self.p.model.buffers()) if t.numel()}
 
     def autocast(self):
@@ -301,11 +200,11 @@ class Executor:
         self.batch = batch
         self.fresh = set(self.p.param_list)
         self.store: dict = {}
-        self.extras: dict[int, list[_Saved]] = {}
-        self.edges: dict[int, _Edge] = {}
+        self.extras: dict[int, list[Saved]] = {}
+        self.edges: dict[int, Edge] = {}
         self.host: dict = {}
         self.events: dict = {}
-        self.holding: list = []   # (copy job, the device tensors it holds) [4]
+        self.holding: list = []   # (copy job, the device tensors it holds, op to drop them) [4]
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
         self.gview: dict[int, tuple] = {}  # logical G_j -> (storage, size, stride, offset) [5]
@@ -325,23 +224,13 @@ class Executor:
                 ev.synchronize()
             else:
                 ev.result()
-        self._reap()
+        self.reap(final=True)
         self.store = self.extras = self.edges = self.host = self.events = {}
         self.skeletons = {}
 
-    def _reap(self) -> None:
-        """Drop the device tensors of copy jobs that have ended, on this thread [4]."""
-        if self.holding:
-            still = []
-            for fut, jobs in self.holding:
-                if fut.done():
-                    jobs.clear()
-                else:
-                    still.append((fut, jobs))
-            self.holding = still
-
     def _do(self, k: int, op) -> None:
-        self._reap()
+        self.k_now = k
+        self.reap()
         try:
             act = op.action
             if act == COMPUTE:
@@ -355,13 +244,13 @@ class Executor:
                 if op.tensor in self.freed_early:  # handed to autograd at its step [7]
                     self.freed_early.discard(op.tensor)
                 else:
-                    self._free(op.tensor)
+                    self.free(op.tensor)
             elif act == TO_HOST:
-                self._offload(op.tensor)
+                self.offload(op.tensor)
             elif act == TO_DEVICE:
-                self._prefetch(op.tensor)
+                self.prefetch(op.tensor)
             elif act == SYNC:
-                self._wait(op.tensor)
+                self.wait_copy(op.tensor)
         except ScheduleError as exc:
             raise ScheduleError(f"op {k} ({op}): {exc}") from None
 
@@ -412,22 +301,22 @@ class Executor:
             store[("X", i)] = out
             self._note_parts(i, out)
             return
-        records: list[_Saved] = []
+        records: list[Saved] = []
 
         def pack(t):
-            rec = _Saved(t)
+            rec = Saved(t)
             records.append(rec)
             return rec
 
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda rec: rec.get(store)):
             out = self.p.run(i, values, in_place)
         outs = flat(out)
-        out_ptrs = {_ptr(o): k for k, o in enumerate(outs)}
-        in_ptrs = {_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}
+        out_ptrs = {storage_ptr(o): k for k, o in enumerate(outs)}
+        in_ptrs = {storage_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}
         single = {j: isinstance(store[("X", j)], torch.Tensor) for j in ins}
         extras = []
         for rec in records:
-            ptr = _ptr(rec.t)
+            ptr = storage_ptr(rec.t)
             if ptr in out_ptrs and ptr:
                 k = out_ptrs[ptr]
                 rec.bind(("X", i), outs[k], None if len(outs) == 1 and out is outs[0] else k)
@@ -439,7 +328,7 @@ class Executor:
         if extras:
             self.extras[i] = extras
         if any(o.requires_grad for o in outs):
-            self.edges[i] = _Edge(
+            self.edges[i] = Edge(
                 [get_gradient_edge(o) if o.requires_grad else None for o in outs],
                 {j: [get_gradient_edge(x) if x is not None else None for x in xs]
                  for j, xs in leaves.items()},
@@ -455,7 +344,7 @@ class Executor:
         if not isinstance(out, torch.Tensor):  # a tuple-valued layer [6]
             self.parts[i] = len(flat(out))
 
-    def _hand_over(self, k_op: int, edge: _Edge) -> None:
+    def _hand_over(self, k_op: int, edge: Edge) -> None:
         """Give the step's dying reads to autograd [7]."""
         g, ops = self.g, self.schedule.ops
         if self.force_hand_over:
@@ -495,11 +384,11 @@ class Executor:
         else:
             return None
         edge, gx = pairs[0]
-        ptr = _ptr(gx)
+        ptr = storage_ptr(gx)
         storage = gx.untyped_storage()
 
         def post(grad_inputs, grad_outputs):
-            if all(g is None or _ptr(g) != ptr for g in grad_inputs):
+            if all(g is None or storage_ptr(g) != ptr for g in grad_inputs):
                 storage.resize_(0)
         return edge.node.register_hook(post)
 
@@ -544,7 +433,7 @@ class Executor:
                 for q, t in zip(self.buffer_params[owner], parts):
                     if t is not None:
                         q.grad.add_(t)
-        own = {_ptr(gx) for _, gx in pairs}
+        own = {storage_ptr(gx) for _, gx in pairs}
         taken = set(own)
         plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
         for (j, k), gj in zip(slots, grads):
@@ -555,7 +444,7 @@ class Executor:
             if n_parts is None:
                 mode, where, old = plan[j]
                 if mode == SHARE:
-                    if _ptr(gj) not in own:
+                    if storage_ptr(gj) not in own:
                         raise ScheduleError(f"G{j}: the trace says layer {i}'s backward "
                                             "hands it its own gradient's storage; "
                                             "autograd did not")
@@ -568,14 +457,14 @@ class Executor:
                     store[where] = total
                     self._bind_grad(j, where, total)
                 else:   # NEW
-                    if _ptr(gj) in taken:   # [5] one storage per gradient the trace counts
+                    if storage_ptr(gj) in taken:   # [5] one storage per gradient the trace counts
                         gj = gj.clone()
-                    taken.add(_ptr(gj))
+                    taken.add(storage_ptr(gj))
                     store[where] = gj
                     self._bind_grad(j, where, gj)
             else:   # a tuple-valued layer [6]
                 mode, where, old = plan[j]
-                if mode == SHARE and _ptr(gj) in own:   # its one gradient element
+                if mode == SHARE and storage_ptr(gj) in own:   # its one gradient element
                     self._bind_grad(j, where, gj, (k, n_parts))
                     continue
                 if j in self.gview:   # that element lives in another layer's storage
@@ -686,123 +575,8 @@ class Executor:
                 for b, old in zip(module.buffers(), buffers):
                     b.copy_(old)
 
-    # ------------------------------------------------------------ memory ops
-    def _tensors_of(self, t) -> list:
-        """What holds tensor ``t``: its store key, the elements of a tuple-valued
-        ``X_i``/``G_i`` [6], or the saved records of ``S_i``."""
-        if t[0] == "S":
-            return self.extras.get(t[1], [])
-        value = self.store[t]
-        if isinstance(value, torch.Tensor):
-            return [t]
-        self.skeletons[t] = remap(value, lambda x: _SLOT)
-        return [_Elem(t, k) for k in range(len(flat(value)))]
-
-    def _free(self, t) -> None:
-        if t[0] == "S":
-            for rec in self.extras.pop(t[1], []):
-                rec.t = None
-            return
-        del self.store[t]  # the ledger has checked that it is resident
-
-    def _get(self, item) -> torch.Tensor:
-        if isinstance(item, _Elem):
-            return flat(self.store[item.key])[item.k]
-        return item.t if isinstance(item, _Saved) else self.store[item]
-
-    def _set(self, item, value: torch.Tensor) -> None:
-        if isinstance(item, _Saved):
-            item.t = value
-        elif isinstance(item, _Elem):
-            old = self.store.get(item.key, self.skeletons[item.key])
-            parts = flat(old)
-            parts[item.k] = value
-            self.store[item.key] = _rebuild(old, iter(parts))
-        else:
-            self.store[item] = value
-
-    def _offload(self, t) -> None:
-        items = self._tensors_of(t)
-        if self.cuda:
-            self.d2h.wait_stream(torch.cuda.current_stream(self.device))
-        copies, jobs = [], []
-        for item in items:
-            dev = self._get(item)
-            if self.cuda:
-                hostbuf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
-                with torch.cuda.stream(self.d2h):
-                    hostbuf.copy_(dev, non_blocking=True)
-                dev.record_stream(self.d2h)  # its memory is reused only after the copy
-            else:
-                # numpy memory: not counted by the torch allocator, like host memory
-                hostbuf = np.empty(tuple(dev.shape), dtype=dev.detach().numpy().dtype)
-                jobs.append((hostbuf, dev.detach().numpy()))
-            copies.append((hostbuf, dev.size(), dev.stride()))
-        self.host[t] = (items, copies)
-        if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(self.d2h)
-            self.events[t] = ev
-        else:
-            # The job holds the device tensors until the copy ends, so a Free
-            # issued meanwhile releases memory only then (a free under way).
-            self.events[t] = self.d2h_pool.submit(_copy_all, jobs, None)
-            self.holding.append((self.events[t], jobs))
-
-    def _prefetch(self, t) -> None:
-        items, copies = self.host[t]
-        if t[0] == "S":   # its records hold the device copy again: the next free clears them
-            self.extras[t[1]] = list(items)
-        if self.cuda:
-            self.h2d.wait_stream(torch.cuda.current_stream(self.device))
-            offload = self.events.get(t)
-            if offload is not None:  # the host copy must be complete before it comes back
-                self.h2d.wait_event(offload)
-        jobs = []
-        for item, (hostbuf, size, stride) in zip(items, copies):
-            new = torch.empty_strided(size, stride, dtype=self._dtype(hostbuf),
-                                      device=self.device)
-            if self.cuda:
-                with torch.cuda.stream(self.h2d):
-                    new.copy_(hostbuf, non_blocking=True)
-                new.record_stream(self.h2d)
-            else:
-                jobs.append((new.numpy(), hostbuf))
-            self._set(item, new)
-        if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(self.h2d)
-            self.events[t] = ev
-        else:
-            self.events[t] = self.h2d_pool.submit(_copy_all, jobs, self.events.get(t))
-
-    @staticmethod
-    def _dtype(hostbuf) -> torch.dtype:
-        if isinstance(hostbuf, torch.Tensor):
-            return hostbuf.dtype
-        return torch.from_numpy(np.empty(0, dtype=hostbuf.dtype)).dtype
-
-    def _wait(self, t) -> None:
-        ev = self.events[t]  # the ledger has checked that a copy is in flight
-        if self.cuda:
-            torch.cuda.current_stream(self.device).wait_event(ev)
-        else:
-            ev.result()
-            self._reap()
-
     def close(self) -> None:
         if isinstance(self.optimizer, optim.Offloaded):
             self.optimizer.close()
         self.optimizer = None   # its state goes with it
-        if not self.cuda:
-            self.h2d_pool.shutdown()
-            self.d2h_pool.shutdown()
-
-
-def _copy_all(jobs, after) -> None:
-    """Copy ``(dst, src)`` numpy pairs in a copy-engine thread (numpy drops the GIL)."""
-    if after is not None:
-        after.result()  # a prefetch waits for the offload that made its host copy
-    for dst, src in jobs:
-        np.copyto(dst, src)
-    # the jobs keep the device tensors: the compute thread drops them (_reap) [4]
+        self.close_engines()

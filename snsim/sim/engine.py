@@ -51,6 +51,12 @@ class Replay:
         self.inbound: dict = {}       # tensor -> completion event of its H2D copy
         self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
         self.deferred: dict = {}      # tensor -> bytes of freed copies waiting for their offload
+        # where the compute stream stands while it waits: the index of the first op
+        # not yet begun (its memory not yet taken); and, per offload op, that index
+        # when its copy ended (the executor keeps the same order on CPU: see
+        # ``SimResult.offload_ends``)
+        self.pos = 0
+        self.offload_ends: dict[int, int] = {}
         self.freed_event = self.env.event()
         self.stall_ms = 0.0
         self.recompute_ms = 0.0
@@ -123,11 +129,13 @@ class Replay:
         timeout = env.timeout
         forward_end = g.forward_end
         done_route = 0
-        for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects, self.durations):
+        for k, (op, (nbytes, ws, freed), dur) in enumerate(
+                zip(self.schedule.ops, self.effects, self.durations)):
             act = op.action
             if act == COMPUTE:
                 need = ws + nbytes
                 if self.level + need > capacity:
+                    self.pos = k
                     try:
                         yield from self._reserve(need, f"step {g.step_label(op.step)}")
                     except _Infeasible:
@@ -140,6 +148,7 @@ class Replay:
                 if record:
                     start = env.now
                 if dur:
+                    self.pos = k + 1   # its memory is taken: a copy ending now is after it
                     yield timeout(dur)
                 if op.phase == "R":
                     self.recompute_ms += dur
@@ -176,10 +185,11 @@ class Replay:
                 self.offloading[t] = ev
                 self.copied_out[t] = ev
                 self.d2h_bytes += size(t)
-                self.d2h.put((t, ev))
+                self.d2h.put((t, ev, k))
             elif act == TO_DEVICE:
                 t = op.tensor
                 if self.level + nbytes > self.capacity:
+                    self.pos = k
                     try:
                         yield from self._reserve(nbytes, f"prefetch of {tensor_name(t)}")
                     except _Infeasible:
@@ -194,19 +204,21 @@ class Replay:
                 ev = env.event()
                 self.inbound[t] = ev
                 self.h2d_bytes += nbytes
-                self.h2d.put((t, ev))
+                self.h2d.put((t, ev, k))
             elif act == SYNC:
                 ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
                 if not ev.triggered:
                     start = env.now
+                    self.pos = k
                     yield ev
                     self._stall(start, "wait " + tensor_name(op.tensor))
                 self.inbound.pop(op.tensor, None)
+        self.pos = len(self.schedule.ops)
 
     def _copy_engine(self, queue: simpy.Store, name: str, bandwidth: float):
         env, size = self.env, self.g.size
         while True:
-            t, ev = yield queue.get()
+            t, ev, k = yield queue.get()
             if name == "h2d":
                 pending = self.offloading.get(t)
                 if pending is not None and not pending.triggered:
@@ -219,6 +231,7 @@ class Replay:
                                                IntervalKind.COPY))
             ev.succeed()
             if name == "d2h":
+                self.offload_ends[k] = self.pos
                 if self.offloading.get(t) is ev:
                     del self.offloading[t]
                 if t in self.deferred:
@@ -261,4 +274,5 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
         reason=reason, optimizer_state_bytes=trace.optimizer_state_bytes,
         optimizer_ms=graph.optimizer_ms, forward_end_ms=run.forward_end_ms,
         policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
-        intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)))
+        intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)),
+        offload_ends=dict(run.offload_ends))

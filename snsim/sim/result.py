@@ -80,6 +80,10 @@ class SimResult:
     policy_stats: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[MemoryPoint, ...] = ()
     intervals: tuple[Interval, ...] = ()
+    # TO_HOST op index -> index of the first op the compute stream had not begun
+    # when that copy ended (its device memory, if freed meanwhile, is released
+    # before that op takes its own); the CPU executor's memory runs keep this order
+    offload_ends: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object: DESIGN section 4 keys first, then extras, then ``policy_stats``."""
