@@ -222,6 +222,8 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     host: set = set()
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
+    tables = {phase: table[1] for phase, table in graph.step_tables.items()}
+    size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
     for k, op in enumerate(ops):
@@ -231,12 +233,17 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
             if phase == "O":
                 yield (0, graph.workspace_bytes((phase, op.layer)), 0)
                 continue
-            step = (phase, op.layer)
-            nbytes = 0
-            for t in allocs_of[step]:
-                if t not in resident:
-                    add(t)
-                    nbytes += sizes[t]
+            i = op.layer
+            allocs = tables[phase][i] if type(i) is int and i >= 0 else allocs_of[(phase, i)]
+            if resident.isdisjoint(allocs):
+                resident.update(allocs)
+                nbytes = sum(map(size, allocs))
+            else:
+                nbytes = 0
+                for t in allocs:
+                    if t not in resident:
+                        add(t)
+                        nbytes += sizes[t]
             layer = layers[op.layer]
             grads = born[op.layer] if born and phase == "B" else 0
             w = workspace(graph, ops, k, nbytes, host) \
