@@ -145,3 +145,31 @@ def test_sequential_replay_equals_the_simpy_run(policy, factor):
     assert fast.intervals == slow.intervals
     if factor == 1.0 and policy == "liveness":
         assert fast.reason is not None   # the infeasible path is exercised too
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_replay_is_freed_without_the_cyclic_collector(chain4, copies):
+    """After ``run()`` no reference cycle holds a replay (and with it the schedule
+    and its effects): the simulator runs with the cyclic collector paused."""
+    import gc
+    import weakref
+
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.sim.engine import Replay
+
+    g = Graph(chain4)
+    s = swap_schedule() if copies else policies.plan("liveness", PlanContext(g))
+    verify(g, s)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        run = Replay(g, s, 10**9, record=True)
+        assert run.copies == copies
+        run.run()
+        ref = weakref.ref(run)
+        del run
+        assert ref() is None
+    finally:
+        if was:
+            gc.enable()

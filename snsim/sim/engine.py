@@ -20,6 +20,8 @@ module adds time.
 
 from __future__ import annotations
 
+import gc
+
 import simpy
 
 from snsim.graph import Graph, tensor_name
@@ -63,13 +65,16 @@ class Replay:
         self.h2d = simpy.Store(self.env)
         self.d2h = simpy.Store(self.env)
         dev = graph.trace.device
-        self.env.process(self._copy_engine(self.h2d, "h2d", dev.h2d_Bps))
-        self.env.process(self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
+                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        for engine in self.engines:
+            self.env.process(engine)
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
         self.durations, self.planned_ms, self.copies = _durations(graph, schedule.ops)
         self.end_ms = 0.0
-        self.done = self.env.process(self._compute_stream())
+        self.stream = self._compute_stream()
+        self.done = self.env.process(self.stream)
 
     def run(self) -> None:
         """Replay the schedule; ``end_ms`` is the time it ended (or stopped).
@@ -79,13 +84,22 @@ class Replay:
         same arithmetic as the simpy run (each step ends at ``now + duration``)
         without an event per step.  One with copies runs the three processes.
         """
-        if self.schedule.infeasible_reason is not None:
-            return
-        if not self.copies:
-            self._sequential()
-            return
-        self.env.run()
-        self.end_ms = self.env.now
+        try:
+            if self.schedule.infeasible_reason is not None:
+                return
+            if not self.copies:
+                self._sequential()
+                return
+            self.env.run()
+            self.end_ms = self.env.now
+        finally:
+            # the copy engines wait on their queues for ever (and the compute stream
+            # never starts on a copy-free plan): each one's frame holds this replay
+            # (its schedule, effects and durations) in a reference cycle through an
+            # event it waits on; closing them lets reference counting free the
+            # replay at once, without the cyclic collector
+            for gen in (self.stream, *self.engines):
+                gen.close()
 
     # -------------------------------------------------------------- memory
     def _release(self, t, nbytes: int) -> None:
@@ -329,8 +343,17 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
     static = trace.static_bytes   # a sum over the layers: once
-    run = Replay(graph, schedule, capacity, record, static)
-    run.run()
+    # no cyclic collection during the replay: its objects (simpy's events) form no
+    # cycle that outlives it (run() closes the copy engines), and a collector pass
+    # over a large graph's objects costs more than the replay of a copy-free plan
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        run = Replay(graph, schedule, capacity, record, static)
+        run.run()
+    finally:
+        if was:
+            gc.enable()
     feasible = run.reason is None and schedule.infeasible_reason is None
     reason = schedule.infeasible_reason or run.reason
     planned_ms = run.planned_ms
