@@ -412,6 +412,18 @@ class Graph:
         return (sum([sizes[t] for t in self.needs_map[step]])
                 + sum([sizes[t] for t in self.allocs_map[step]]))
 
+    @cached_property
+    def step_tables(self) -> dict[str, tuple[list, list]]:
+        """Per phase (``F``, ``R``, ``B``): the needs and the allocs of each layer's
+        step, indexed by layer (None where the layer has no such step): the two
+        maps as lists, for the per-op loops (an index instead of a tuple hashed)."""
+        out = {}
+        for phase in ("F", "R", "B"):
+            steps = [(phase, i) for i in range(self.n)]
+            out[phase] = ([self.needs_map.get(s) for s in steps],
+                          [self.allocs_map.get(s) for s in steps])
+        return out
+
     # ------------------------------------------------------------- analyses
     @cached_property
     def last_use(self) -> dict[Tensor, int]:

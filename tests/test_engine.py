@@ -116,3 +116,60 @@ def test_verifier_accepts_recompute(chain4):
     verify(g, _bad(ops2))
     r = simulate(g, _bad(ops2))
     assert r.recompute_ms == 2.0 and r.iteration_ms == 11.0 and r.compute_ms == 9.0
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute-memory", "sqrt-n", "dtr"])
+@pytest.mark.parametrize("factor", [1.0, 1.2, 3.0])
+def test_sequential_replay_equals_the_simpy_run(policy, factor):
+    """A schedule without copies replays in one pass without simpy
+    (``Replay._sequential``); the simpy run of the same schedule gives the same
+    floats, peak, reason, timeline and intervals, feasible or not."""
+    from snsim import policies, synth
+    from snsim.policies.base import PlanContext
+    from snsim.sim.engine import Replay
+
+    g = Graph(synth.resnet((2, 2, 3, 2), batch=4, image=64))
+    budget = int(factor * g.lower_bound_bytes)
+    s = policies.plan(policy, PlanContext(g, budget))
+    verify(g, s)
+    fast = Replay(g, s, budget, record=True)
+    assert not fast.copies
+    fast.run()
+    slow = Replay(g, s, budget, record=True)
+    slow.env.run()    # the three simpy processes, as for a schedule with copies
+    assert (fast.end_ms, fast.peak, fast.level, fast.reason, fast.recompute_ms,
+            fast.forward_end_ms, fast.stall_ms) == (
+        slow.env.now, slow.peak, slow.level, slow.reason, slow.recompute_ms,
+        slow.forward_end_ms, slow.stall_ms)
+    assert fast.timeline == slow.timeline
+    assert fast.intervals == slow.intervals
+    if factor == 1.0 and policy == "liveness":
+        assert fast.reason is not None   # the infeasible path is exercised too
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_replay_is_freed_without_the_cyclic_collector(chain4, copies):
+    """After ``run()`` no reference cycle holds a replay (and with it the schedule
+    and its effects): the simulator runs with the cyclic collector paused."""
+    import gc
+    import weakref
+
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.sim.engine import Replay
+
+    g = Graph(chain4)
+    s = swap_schedule() if copies else policies.plan("liveness", PlanContext(g))
+    verify(g, s)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        run = Replay(g, s, 10**9, record=True)
+        assert run.copies == copies
+        run.run()
+        ref = weakref.ref(run)
+        del run
+        assert ref() is None
+    finally:
+        if was:
+            gc.enable()

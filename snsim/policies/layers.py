@@ -5,6 +5,8 @@ A helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from snsim.graph import Graph
 
 
@@ -68,6 +70,14 @@ def layer_fwd_bytes(graph: Graph, i: int) -> int:
     return graph.step_bytes(step) + graph.workspace_bytes(step)
 
 
+_L_PEAK: WeakKeyDictionary = WeakKeyDictionary()   # graph -> l_peak
+
+
 def l_peak(graph: Graph) -> int:
-    """``l_peak = max l_i`` over the route's backward steps."""
-    return max((layer_bwd_bytes(graph, i) for p, i in graph.route if p == "B"), default=0)
+    """``l_peak = max l_i`` over the route's backward steps (once per graph: the
+    recomputation policies, sqrt-n and superneurons each read it)."""
+    got = _L_PEAK.get(graph)
+    if got is None:
+        got = _L_PEAK[graph] = max((layer_bwd_bytes(graph, i) for p, i in graph.route
+                                    if p == "B"), default=0)
+    return got

@@ -65,12 +65,19 @@ def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True,
 
 
 def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Effect]:
-    state: dict = {}          # tensor -> RESIDENT | INBOUND (absent if missing)
+    # Residency as two sets (resident; prefetched, not yet waited for): the common
+    # case of each rule is one set operation in C (all needs resident; no alloc
+    # resident or in flight), the per-tensor loop runs only to word a failure or
+    # for a step that re-makes a resident tensor.  Where a tensor was freed is
+    # looked up only to word a failure (:func:`_freed_at`).
+    resident: set = set()
+    inbound: set = set()
     host: set = set()         # tensors with a host copy (offload issued)
-    freed_at: dict = {}       # tensor -> op index of its last free
     steps = graph.route
     n_steps = len(steps)
-    needs_of, allocs_of, size = graph.needs_map, graph.allocs_map, graph.sizes.__getitem__
+    tables = graph.step_tables
+    needs_map, allocs_map = graph.needs_map, graph.allocs_map
+    size = graph.sizes.__getitem__
     layers = graph.layers
     remade = graph.multi_result
     born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
@@ -86,11 +93,12 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
-            step = (op.phase, op.layer)
+            phase, i = op.phase, op.layer
             if optimized is not None:
                 fail(k, f"computes after the optimizer step (op {optimized}): the "
                      "optimizer step ends the iteration")
-            if op.phase == "O":
+            if phase == "O":
+                step = (phase, i)
                 if step != graph.optimizer_step:
                     fail(k, "no optimizer step in this trace" if graph.optimizer_step is None
                          else f"the optimizer step is {step_name(graph.optimizer_step)}")
@@ -99,59 +107,68 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 optimized = k
                 append((0, graph.workspace_bytes(step), 0))
                 continue
-            if op.phase == "R":
-                if step not in needs_of:
+            table = tables.get(phase)
+            if table is not None and type(i) is int and 0 <= i < len(table[0]):
+                needs, allocs = table[0][i], table[1][i]
+            else:   # another phase, or a layer index of another type: the maps
+                needs, allocs = needs_map.get((phase, i)), allocs_map.get((phase, i))
+            if phase == "R":
+                if needs is None:
                     fail(k, "unknown step")
-                if layers[op.layer].kind == "data":
+                if layers[i].kind == "data":
                     fail(k, "recomputes the data layer: the input is kept or copied back "
                          "from the host, never recomputed")
-            elif op.phase in ("F", "B"):
+            elif phase in ("F", "B"):
                 if route:
-                    if pos >= n_steps or steps[pos] != step:
+                    if pos >= n_steps or steps[pos] != (phase, i):
                         want = step_name(steps[pos]) if pos < n_steps else "nothing"
                         fail(k, f"route step out of order: expected {want}")
                     pos += 1
-                elif step not in needs_of:
+                elif needs is None:
                     fail(k, "unknown step")
             else:
                 fail(k, "unknown step")
-            ws = layers[op.layer].workspace
+            ws = layers[i].workspace
             if op.algo and not 0 <= op.algo < len(ws):
                 fail(k, f"layer has no workspace algorithm {op.algo}")
-            for t in needs_of[step]:
-                s = state.get(t, ABSENT)
-                if s != RESIDENT:
-                    if s == INBOUND:
-                        fail(k, f"needs {tensor_name(t)}, prefetched but not waited for")
-                    if t in freed_at:
-                        fail(k, f"uses {tensor_name(t)} after it was freed at op {freed_at[t]}")
-                    fail(k, f"needs {tensor_name(t)}, which is not resident")
-            nbytes = 0
-            for t in allocs_of[step]:
-                s = state.get(t, ABSENT)
-                if s == ABSENT:
-                    state[t] = RESIDENT
-                    nbytes += size(t)
-                elif s == INBOUND:
-                    fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
-                elif t[0] != "S" and not (op.phase == "R" and op.layer in remade):
-                    fail(k, f"allocates {tensor_name(t)}, which is already resident")
-                # a resident S (saved extras re-made by a recompute), or a resident result
-                # of an op with several (its recompute returns them all), is overwritten
-                # in place
-            w = workspace(graph, ops, k, nbytes, host) if ws or op.layer in in_place else 0
-            append((nbytes + (born[op.layer] if born and op.phase == "B" else 0), w, 0))
+            if not resident.issuperset(needs):
+                for t in needs:
+                    if t not in resident:
+                        if t in inbound:
+                            fail(k, f"needs {tensor_name(t)}, prefetched but not waited for")
+                        at = _freed_at(ops, k, t)
+                        if at is not None:
+                            fail(k, f"uses {tensor_name(t)} after it was freed at op {at}")
+                        fail(k, f"needs {tensor_name(t)}, which is not resident")
+            if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
+                resident.update(allocs)
+                nbytes = sum(map(size, allocs))
+            else:
+                nbytes = 0
+                for t in allocs:
+                    if t in inbound:
+                        fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
+                    if t not in resident:
+                        resident.add(t)
+                        nbytes += size(t)
+                    elif t[0] != "S" and not (phase == "R" and i in remade):
+                        fail(k, f"allocates {tensor_name(t)}, which is already resident")
+                    # a resident S (saved extras re-made by a recompute), or a resident
+                    # result of an op with several (its recompute returns them all), is
+                    # overwritten in place
+            w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
+            append((nbytes + (born[i] if born and phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
-            if state.get(t, ABSENT) != RESIDENT:
+            if t not in resident:
+                at = _freed_at(ops, k, t)
                 fail(k, f"frees {tensor_name(t)}, which it does not hold"
-                     + (f" (freed at op {freed_at[t]})" if t in freed_at else ""))
-            del state[t]
-            freed_at[t] = k
+                     + (f" (freed at op {at})" if at is not None else ""))
+            resident.remove(t)
             append((0, 0, size(t)))
         elif tp is Offload:
             t = op.tensor
-            if state.get(t, ABSENT) != RESIDENT:
+            if t not in resident:
                 fail(k, f"offloads {tensor_name(t)}, which is not resident")
             host.add(t)
             append(_NONE)
@@ -159,16 +176,16 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             t = op.tensor
             if t not in host:
                 fail(k, f"prefetches {tensor_name(t)}, which has no host copy")
-            if state.get(t, ABSENT) != ABSENT:
+            if t in resident or t in inbound:
                 fail(k, f"prefetches {tensor_name(t)}, which is already on the device")
-            state[t] = INBOUND
+            inbound.add(t)
             append((size(t), 0, 0))
         elif tp is Wait:
             t = op.tensor
-            s = state.get(t, ABSENT)
-            if s == INBOUND:
-                state[t] = RESIDENT
-            elif not (s == RESIDENT and t in host):
+            if t in inbound:
+                inbound.remove(t)
+                resident.add(t)
+            elif not (t in resident and t in host):
                 fail(k, f"waits for {tensor_name(t)}, which has no copy in flight")
             append(_NONE)
         else:
@@ -180,6 +197,16 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
         raise ScheduleError(f"schedule of {policy}: ends without the optimizer step "
                             f"{step_name(graph.optimizer_step)}")
     return out
+
+
+def _freed_at(ops: Sequence[Op], k: int, t) -> int | None:
+    """Index of the last ``Free`` of ``t`` before op ``k`` (None if none): for the
+    wording of a failure only."""
+    for m in range(k - 1, -1, -1):
+        op = ops[m]
+        if type(op) is Free and op.tensor == t:
+            return m
+    return None
 
 
 def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
@@ -195,6 +222,8 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     host: set = set()
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
+    tables = {phase: table[1] for phase, table in graph.step_tables.items()}
+    size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
     for k, op in enumerate(ops):
@@ -204,12 +233,17 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
             if phase == "O":
                 yield (0, graph.workspace_bytes((phase, op.layer)), 0)
                 continue
-            step = (phase, op.layer)
-            nbytes = 0
-            for t in allocs_of[step]:
-                if t not in resident:
-                    add(t)
-                    nbytes += sizes[t]
+            i = op.layer
+            allocs = tables[phase][i] if type(i) is int and i >= 0 else allocs_of[(phase, i)]
+            if resident.isdisjoint(allocs):
+                resident.update(allocs)
+                nbytes = sum(map(size, allocs))
+            else:
+                nbytes = 0
+                for t in allocs:
+                    if t not in resident:
+                        add(t)
+                        nbytes += sizes[t]
             layer = layers[op.layer]
             grads = born[op.layer] if born and phase == "B" else 0
             w = workspace(graph, ops, k, nbytes, host) \

@@ -20,6 +20,8 @@ module adds time.
 
 from __future__ import annotations
 
+import gc
+
 import simpy
 
 from snsim.graph import Graph, tensor_name
@@ -69,25 +71,41 @@ class Replay:
         self.h2d = simpy.Store(self.env)
         self.d2h = simpy.Store(self.env)
         dev = graph.trace.device
-        self.env.process(self._copy_engine(self.h2d, "h2d", dev.h2d_Bps))
-        self.env.process(self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
+                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        for engine in self.engines:
+            self.env.process(engine)
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
-        # each op's duration (0 for the ops that are not computes), computed once,
-        # and the planned time of the route's steps (the recomputes left out)
-        step_ms = graph.step_ms
-        durations = []
-        planned = 0.0
-        for op in schedule.ops:
-            if type(op) is Compute:
-                d = step_ms((op.phase, op.layer), op.algo)
-                if op.phase != "R":
-                    planned += d
-            else:
-                d = 0.0
-            durations.append(d)
-        self.durations, self.planned_ms = durations, planned
-        self.done = self.env.process(self._compute_stream())
+        self.durations, self.planned_ms, self.copies = _durations(graph, schedule.ops)
+        self.end_ms = 0.0
+        self.stream = self._compute_stream()
+        self.done = self.env.process(self.stream)
+
+    def run(self) -> None:
+        """Replay the schedule; ``end_ms`` is the time it ended (or stopped).
+
+        A schedule without copies (no offload, prefetch or wait) has nothing to
+        overlap: its replay is one pass over the ops (:meth:`_sequential`), the
+        same arithmetic as the simpy run (each step ends at ``now + duration``)
+        without an event per step.  One with copies runs the three processes.
+        """
+        try:
+            if self.schedule.infeasible_reason is not None:
+                return
+            if not self.copies:
+                self._sequential()
+                return
+            self.env.run()
+            self.end_ms = self.env.now
+        finally:
+            # the copy engines wait on their queues for ever (and the compute stream
+            # never starts on a copy-free plan): each one's frame holds this replay
+            # (its schedule, effects and durations) in a reference cycle through an
+            # event it waits on; closing them lets reference counting free the
+            # replay at once, without the cyclic collector
+            for gen in (self.stream, *self.engines):
+                gen.close()
 
     # -------------------------------------------------------------- memory
     def _release(self, t, nbytes: int) -> None:
@@ -100,15 +118,18 @@ class Replay:
         """Wait until ``nbytes`` fit under the capacity (generator)."""
         while self.level + nbytes > self.capacity:
             if not self.deferred:
-                short = self.level + nbytes - self.capacity
-                self.reason = (f"{what} needs {fmt_bytes(nbytes)} but only "
-                               f"{fmt_bytes(self.capacity - self.level)} of the "
-                               f"{fmt_bytes(self.capacity)} budget is free "
-                               f"({short} bytes short) and no free is under way")
+                self._shortfall(nbytes, what)
                 raise _Infeasible()
             start = self.env.now
             yield self.freed_event
             self._stall(start, "memory")
+
+    def _shortfall(self, nbytes: int, what: str) -> None:
+        short = self.level + nbytes - self.capacity
+        self.reason = (f"{what} needs {fmt_bytes(nbytes)} but only "
+                       f"{fmt_bytes(self.capacity - self.level)} of the "
+                       f"{fmt_bytes(self.capacity)} budget is free "
+                       f"({short} bytes short) and no free is under way")
 
     def _stall(self, start: float, why: str) -> None:
         if self.env.now > start:
@@ -118,6 +139,56 @@ class Replay:
                                                IntervalKind.STALL))
 
     # ------------------------------------------------------------- streams
+    def _sequential(self) -> None:
+        """:meth:`_compute_stream` for a schedule without copies, without simpy: no
+        copy is ever under way, so a free is immediate, nothing waits, and an
+        allocation over the budget ends the run.  Same order of additions, same
+        floats, same timeline (the simpy run's clock advances by ``now + d``)."""
+        g = self.g
+        record = self.record
+        capacity = self.capacity
+        forward_end = g.forward_end
+        timeline, intervals = self.timeline, self.intervals
+        level, peak, now = self.level, self.peak, 0.0
+        recompute_ms, forward_end_ms, done_route = 0.0, 0.0, 0
+        for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects,
+                                                self.durations):
+            if op.action == COMPUTE:
+                need = ws + nbytes
+                if level + need > capacity:
+                    self.level = level
+                    self._shortfall(need, f"step {g.step_label(op.step)}")
+                    break
+                level += need
+                if level > peak:
+                    peak = level
+                start = now
+                if dur:
+                    now = now + dur
+                if op.phase == "R":
+                    recompute_ms += dur
+                else:
+                    done_route += 1
+                    if done_route == forward_end:
+                        forward_end_ms = now
+                if record:
+                    timeline.append(MemoryPoint(start, level, f"{op.phase}{op.layer}"))
+                    intervals.append(Interval(
+                        start, now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
+                        IntervalKind.RECOMPUTE if op.phase == "R" else IntervalKind.STEP))
+                if ws:
+                    level -= ws
+                    if record:
+                        timeline.append(MemoryPoint(now, level, "workspace",
+                                                    LevelKind.WORKSPACE_END))
+            else:   # RELEASE: the only other action without copies
+                level -= freed
+                if record:
+                    timeline.append(MemoryPoint(now, level, "free " + tensor_name(op.tensor),
+                                                LevelKind.FREE))
+        self.level, self.peak, self.end_ms = level, peak, now
+        self.recompute_ms, self.forward_end_ms = recompute_ms, forward_end_ms
+
     def _compute_stream(self):
         # The hot loop of the simulator: one pass over the ops with the ledger's
         # effects and each compute op's duration precomputed (``durations``);
@@ -244,6 +315,37 @@ class Replay:
                     old.succeed()
 
 
+def _durations(graph: Graph, ops) -> tuple[list[float], float, bool]:
+    """Each op's duration (0 for the ops that are not computes; ``Graph.step_ms``
+    inline), the planned time of the route's steps (the recomputes left out),
+    and whether any op is a copy or waits for one."""
+    layers = graph.layers
+    durations = []
+    append = durations.append
+    planned = 0.0
+    copies = False
+    for op in ops:
+        if type(op) is Compute:
+            phase = op.phase
+            if phase == "O":
+                d = graph.optimizer_ms
+            else:
+                layer = layers[op.layer]
+                if op.algo and layer.workspace:
+                    w = layer.workspace[op.algo]
+                    d = w.bwd_ms if phase == "B" else w.fwd_ms
+                else:
+                    d = layer.bwd_ms if phase == "B" else layer.fwd_ms
+            if phase != "R":
+                planned += d
+            append(d)
+        else:
+            if op.action != RELEASE:
+                copies = True
+            append(0.0)
+    return durations, planned, copies
+
+
 def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
              record: bool = True) -> SimResult:
     """Replay ``schedule`` on ``graph``'s trace under a memory budget.
@@ -254,13 +356,21 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
     static = trace.static_bytes   # a sum over the layers: once
-    run = Replay(graph, schedule, capacity, record, static)
-    if schedule.infeasible_reason is None:
-        run.env.run()
+    # no cyclic collection during the replay: its objects (simpy's events) form no
+    # cycle that outlives it (run() closes the copy engines), and a collector pass
+    # over a large graph's objects costs more than the replay of a copy-free plan
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        run = Replay(graph, schedule, capacity, record, static)
+        run.run()
+    finally:
+        if was:
+            gc.enable()
     feasible = run.reason is None and schedule.infeasible_reason is None
     reason = schedule.infeasible_reason or run.reason
     planned_ms = run.planned_ms
-    iteration_ms = run.env.now
+    iteration_ms = run.end_ms
     return SimResult(
         policy=schedule.policy, trace=trace.label, model=trace.model, batch=trace.batch,
         budget_bytes=budget_bytes, capacity_bytes=capacity, feasible=feasible,
