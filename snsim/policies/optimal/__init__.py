@@ -185,8 +185,9 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if sol is None:
         bound = every if heur is not None else None
     else:
+        # an infeasible class proves nothing about other schedules: the moment bound stays
         bound = (max(every, sol.bound + g.optimizer_ms) if sol.status != "infeasible"
-                 else None)
+                 else every)
     choice = None
     if milp_ops is not None:
         ms = replay.estimate_ms(g, milp_ops, cap)
