@@ -14,11 +14,15 @@ of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
 :func:`replay.estimate_ms`, the simulator's rules) is kept when the MILP's
 incumbent is not faster.  ``stats``: ``status`` (the solver's), ``source``
 (``milp`` or the heuristic's name), ``predicted_ms`` / ``predicted_peak_bytes``
-(the model's, for the MILP's plan), ``bound_ms`` (the solver's lower bound:
+(the model's, for the MILP's plan), ``bound_ms`` (the solver's lower bound,
 valid for the formulation's schedule class, not for every schedule),
 ``optimality_gap`` ((time - bound) / time, never below 0; None without a
-MILP), ``compute_bound_ms`` / ``compute_gap`` (the bound every schedule obeys:
-each route step at its fastest algorithm), ``solve_s`` (all planning).
+MILP), ``compute_bound_ms`` / ``compute_gap`` (a bound every schedule obeys:
+each route step at its fastest algorithm), ``schedule_bound_ms`` /
+``schedule_gap`` (the larger of that and the moment bound of
+:mod:`.bound`, also valid for every schedule; ``moment_bound_ms``,
+``moment_step``, ``moment_s``), ``solve_s`` (all planning).  ``bound_ms`` is
+the larger of ``schedule_bound_ms`` and the solver's bound.
 
 Scale (note 1).  The flat model has one keep binary per activation and stage
 it may live across, ~n^2 for n layers.  Above ``FLAT_LIMIT`` columns a
@@ -39,6 +43,7 @@ from snsim.policies import register
 from snsim.policies import replay
 from snsim.policies.base import PlanContext
 from snsim.policies.finishing import finish
+from snsim.policies.optimal.bound import moment_bound
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.optimal.solve import Solution, highs, solve
@@ -50,6 +55,9 @@ HEURISTICS = ("superneurons", "dtr", "utp", "cost-aware", "liveness")
 FLAT_LIMIT = 60_000
 WINDOW = 8
 MAX_COLUMNS = 400_000
+MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
+MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
+MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -148,8 +156,16 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
     sol = milp_ops = None
+    every = trivial   # a bound every schedule obeys (the compute bound, or a moment's)
+    if heur is None or heur[0] > trivial * (1 + 1e-12):
+        mb = moment_bound(g, cap, min(MOMENT_S, MOMENT_SHARE * time_limit),
+                          MOMENT_EXACT, stats)
+        every = max(trivial, mb) if math.isfinite(mb) else trivial
+    stats["schedule_bound_ms"] = round(every, 6)
     if heur is not None and heur[0] <= trivial * (1 + 1e-12):
         stats["status"] = "optimal: a heuristic plan runs at the compute bound"
+    elif heur is not None and heur[0] <= every * (1 + 1e-9):
+        stats["status"] = "optimal: a heuristic plan runs at the moment bound"
     elif cols <= MAX_COLUMNS:
         window = None if cols <= FLAT_LIMIT else WINDOW
         if window is not None:
@@ -167,10 +183,11 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     else:
         stats["status"] = "not-built: model too large (note 1)"
     if sol is None:
-        bound = trivial if heur is not None else None
+        bound = every if heur is not None else None
     else:
-        bound = (max(trivial, sol.bound + g.optimizer_ms) if sol.status != "infeasible"
-                 else None)
+        # an infeasible class proves nothing about other schedules: the moment bound stays
+        bound = (max(every, sol.bound + g.optimizer_ms) if sol.status != "infeasible"
+                 else every)
     choice = None
     if milp_ops is not None:
         ms = replay.estimate_ms(g, milp_ops, cap)
@@ -187,6 +204,7 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     ms, source, ops = choice
     stats["source"] = source
     stats["compute_gap"] = round((ms - trivial) / ms, 6) if ms > 0 else 0.0
+    stats["schedule_gap"] = round(max(0.0, (ms - every) / ms), 6) if ms > 0 else 0.0
     stats["bound_ms"] = None if bound is None else round(bound, 6)
     stats["optimality_gap"] = (None if bound is None else
                                round(max(0.0, (ms - bound) / ms), 6) if ms > 0 else 0.0)

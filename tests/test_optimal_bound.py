@@ -1,0 +1,104 @@
+"""The moment bound (``snsim.policies.optimal.bound``): a lower bound on every
+schedule's time, checked against brute-forced optima of tiny traces, against
+every heuristic's simulated plans on random DAGs and the shipped traces'
+families, and hand-worked where it is tight."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from snsim import synth
+from snsim.graph import Graph
+from snsim.policies import get, names, plan
+from snsim.policies.base import PlanContext
+from snsim.sim import simulate
+
+highspy = pytest.importorskip("highspy")
+
+from snsim.policies.optimal.bound import moment_bound  # noqa: E402
+from test_optimal import SLOW, brute_best, chain4, chain5, residual, run_optimal  # noqa: E402
+
+EPS = 1e-6
+
+
+def budgets(g, parts=(0, 1, 2, 3)):
+    lb = g.lower_bound_bytes
+    top = simulate(g, plan("none", PlanContext(g)), record=False).peak_bytes
+    return sorted({lb + (top - lb) * p // 4 for p in parts})
+
+
+def test_chain4_moment_bound_is_the_hand_worked_optimum():
+    """At 620 (the lower bound) X0 cannot stay through B2 and cannot be
+    recomputed: at B2's start it is on the host, and its 1 ms copy back starts
+    after B2 and ends before B1: 9 ms of compute + 1 ms, the optimum (10 ms).
+    Without the host-to-device row the bound would be the compute bound (9)."""
+    g = Graph(chain4())
+    st = {}
+    assert moment_bound(g, 620, stats=st) == pytest.approx(10.0, abs=1e-9)
+    assert st["moment_step"].startswith("B2")
+    assert moment_bound(g, 720) == pytest.approx(9.0, abs=1e-9)   # liveness fits
+
+
+@pytest.mark.parametrize("trace, device", [(chain4, None), (chain5, None), (chain5, SLOW),
+                                           (residual, None), (residual, SLOW)])
+def test_moment_bound_never_exceeds_the_brute_forced_optimum(trace, device):
+    from dataclasses import replace
+
+    g = Graph(trace() if device is None else replace(trace(), device=device))
+    above_compute = 0
+    for budget in budgets(g):
+        b = moment_bound(g, budget)
+        best = brute_best(g, budget)
+        s, r = run_optimal(g, budget)
+        if r.feasible:
+            best = min(best, r.iteration_ms)
+        assert math.isfinite(best), budget
+        assert b <= best + EPS, (budget, b, best)
+        assert s.stats["schedule_bound_ms"] <= best + EPS
+        above_compute += b > g.compute_ms + EPS
+    if device is SLOW:
+        assert above_compute   # on a slow link the bound says more than compute
+
+
+def test_moment_bound_below_every_heuristic_on_random_dags():
+    """Every registered policy's feasible plan is a schedule, so its simulated
+    time is at least the bound (random DAGs, four budgets each, with a slow
+    link on half of them so that copies cost)."""
+    from dataclasses import replace
+
+    checked = above = 0
+    for seed in range(30):
+        t = synth.random_dag(seed, 6 + seed % 10)
+        if seed % 2:
+            t = replace(t, device=SLOW)
+        g = Graph(t)
+        for budget in budgets(g):
+            b = moment_bound(g, budget)
+            above += b > g.compute_ms + EPS
+            for p in names():
+                if get(p).needs - {"backward"} or (get(p).needs and not any(
+                        s[0] == "B" for s in g.route)):
+                    continue
+                r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
+                if r.feasible:
+                    checked += 1
+                    assert b <= r.iteration_ms + EPS, (seed, budget, p, b, r.iteration_ms)
+    assert checked > 200 and above > 10   # the sweep has teeth
+
+
+@pytest.mark.parametrize("name", ["k40c_alexnet_b128", "k40c_vgg16_b32"])
+def test_moment_bound_below_heuristics_on_shipped_traces(name):
+    from pathlib import Path
+
+    from snsim.trace.io import load
+
+    g = Graph(load(str(Path(__file__).resolve().parent.parent / "traces" / f"{name}.json")))
+    for f in (1.05, 1.25, 2.0):
+        budget = int(f * g.lower_bound_bytes)
+        b = moment_bound(g, budget, seconds=5.0)
+        for p in ("superneurons", "utp", "liveness", "dtr", "cost-aware"):
+            r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
+            if r.feasible:
+                assert b <= r.iteration_ms + EPS, (f, p)
