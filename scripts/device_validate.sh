@@ -9,6 +9,8 @@
 #       simpy jsonschema jsonschema-specifications referencing rpds-py attrs
 #   # then run this script there with .whl carried; the report lands in $OUT.
 set -euo pipefail
+log="${OUT:-validate}"
+mkdir -p "$log"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -21,7 +23,8 @@ python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA here'; prin
 # run the suite even when the tests fail (its report is still wanted), but exit
 # non-zero if either failed: a GPU failure must not read as a pass
 tests=0
-python3 -m pytest -q tests/test_execute.py tests/test_validate.py || tests=$?
+python3 -m pytest -q tests/test_execute.py tests/test_validate.py \
+  tests/test_import_torch_snapshot.py 2>&1 | tee "$log/pytest-cuda.log" || tests=$?
 suite=0
 python3 -m snsim.cli validate --suite validate/cuda.toml --out "$out" || suite=$?
 if [ "$tests" -ne 0 ] || [ "$suite" -ne 0 ]; then

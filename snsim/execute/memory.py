@@ -7,7 +7,9 @@ any window, so each window opens with a marker allocation whose event gives
 the total at that moment; the peak is the largest total after it, minus
 that baseline, plus the memory that existed when the window opened (passed
 in, since the CPU allocator keeps no global count).  CUDA: ``max_memory_allocated`` after
-``reset_peak_memory_stats`` (absolute), with ``max_memory_reserved`` beside it.
+``reset_peak_memory_stats``, less what was allocated when the window opened,
+plus the memory the caller says existed then (as on the CPU: another case's
+leftovers are not counted); ``max_memory_reserved`` (absolute) beside it.
 """
 
 from __future__ import annotations
@@ -57,15 +59,20 @@ def measure_peak(fn: Callable[[], None], device: torch.device, existing_bytes: i
     may allocate it afresh and have it counted.
     """
     if device.type == "cuda":
+        # as on the CPU: the growth over what was allocated when the window opened,
+        # plus what the caller says existed then (an earlier case's leftovers, the
+        # profiler's or a reference model's tensors, are not this step's)
+        gc.collect()
         if release is not None:
             release()
         torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         fn()
         torch.cuda.synchronize(device)
-        return PeakMemory(torch.cuda.max_memory_allocated(device),
-                          torch.cuda.max_memory_reserved(device),
-                          torch.cuda.max_memory_allocated(device) - existing_bytes)
+        grown = max(torch.cuda.max_memory_allocated(device) - base, 0)
+        return PeakMemory(existing_bytes + grown, torch.cuda.max_memory_reserved(device),
+                          grown)
     from torch.profiler import ProfilerActivity, profile
 
     # Garbage from earlier work (a previous case's executor, its tensors in

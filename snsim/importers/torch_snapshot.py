@@ -12,7 +12,12 @@
   ``snapshot``, ``oom``), ``addr``, ``size`` and ``frames``.
 
 :func:`summarize` replays the events: allocated bytes rise at ``alloc``
-and fall at ``free_completed`` (the block is back in the allocator),
+and fall at ``free_completed`` (the block is back in the allocator).  An
+event's ``size`` is what was requested; the allocator hands out and counts
+blocks of at least 512 B in 512 B steps (``round_size``), so ``allocated``
+counts each request so rounded (equal to ``torch.cuda.max_memory_allocated``
+unless a large block was handed out unsplit, rare) and ``requested`` the
+sizes as recorded;
 reserved bytes rise at ``segment_alloc``/``segment_map`` and fall at
 ``segment_free``/``segment_unmap``.  Memory allocated before recording
 began is recovered from the dumped state (the final level less the
@@ -31,6 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from snsim.errors import SnsimError
+
+BLOCK = 512   # the CUDA caching allocator's kMinBlockSize
+
+
+def block_size(size: int) -> int:
+    """The block the caching allocator hands out for a request (``round_size``)."""
+    return BLOCK if size < BLOCK else -(-size // BLOCK) * BLOCK
+
 
 _ALLOC_UP, _ALLOC_DOWN = {"alloc"}, {"free_completed"}
 _RES_UP, _RES_DOWN = {"segment_alloc", "segment_map"}, {"segment_free", "segment_unmap"}
@@ -70,18 +83,19 @@ def summarize(snap: dict, label: str = "<snapshot>") -> dict:
     for seg in snap["segments"]:
         try:
             dev = int(seg.get("device", 0))
-            d = final.setdefault(dev, {"allocated": 0, "reserved": 0})
+            d = final.setdefault(dev, {"allocated": 0, "reserved": 0, "requested": 0})
             d["reserved"] += int(seg["total_size"])
-            d["allocated"] += sum(int(b["size"]) for b in seg.get("blocks", [])
-                                  if b.get("state") == "active_allocated")
+            live = [b for b in seg.get("blocks", []) if b.get("state") == "active_allocated"]
+            d["allocated"] += sum(int(b["size"]) for b in live)
+            d["requested"] += sum(int(b.get("requested_size", b["size"])) for b in live)
         except (KeyError, TypeError, ValueError) as exc:
             raise SnsimError(f"{label}: a segment lacks a size: {exc}") from None
     out = {}
     for dev, events in enumerate(snap["device_traces"]):
         if not isinstance(events, list):
             raise SnsimError(f"{label}: device_traces[{dev}] is not a list of events")
-        alloc = res = 0
-        a_peak = r_peak = 0
+        alloc = res = asked = 0
+        a_peak = r_peak = q_peak = 0
         at_peak: list[str] = []
         for k, ev in enumerate(events):
             try:
@@ -90,21 +104,27 @@ def summarize(snap: dict, label: str = "<snapshot>") -> dict:
                 raise SnsimError(f"{label}: device {dev} event {k} has no action "
                                  "or size") from None
             if action in _ALLOC_UP:
-                alloc += size
+                alloc += block_size(size)
+                asked += size
+                q_peak = max(q_peak, asked)
                 if alloc > a_peak:
                     a_peak, at_peak = alloc, _frames(ev)
             elif action in _ALLOC_DOWN:
-                alloc -= size
+                alloc -= block_size(size)
+                asked -= size
             elif action in _RES_UP:
                 res += size
                 r_peak = max(r_peak, res)
             elif action in _RES_DOWN:
                 res -= size
-        end = final.get(dev, {"allocated": 0, "reserved": 0})
+        end = final.get(dev, {"allocated": 0, "reserved": 0, "requested": 0})
         base_a, base_r = end["allocated"] - alloc, end["reserved"] - res
+        base_q = end["requested"] - asked
         out[dev] = {"events": len(events),
                     "allocated": {"peak_bytes": base_a + a_peak, "final_bytes": end["allocated"],
                                   "before_bytes": base_a},
+                    "requested": {"peak_bytes": base_q + q_peak, "final_bytes": end["requested"],
+                                  "before_bytes": base_q},
                     "reserved": {"peak_bytes": max(base_r + r_peak, end["reserved"]),
                                  "final_bytes": end["reserved"], "before_bytes": base_r},
                     "peak_frames": at_peak}
