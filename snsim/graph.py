@@ -523,10 +523,24 @@ class Graph:
         schedule, so each step also needs those made up to and including it."""
         born = 0
         best = 0
-        least, born_of = self.least_step_bytes, self.param_grad_bytes
-        for s in self.route + ([self.optimizer_step] if self.optimizer_step else []):
-            born += born_of(s)
-            need = born + least(s)
+        least = self.least_step_bytes
+        born_bytes = self.born_bytes if self.grads_born else None
+        size = self.sizes.__getitem__
+        needs_map, allocs_map = self.needs_map, self.allocs_map
+        layers, in_place = self.layers, self.in_place_of
+        for s in self.route:
+            phase, i = s
+            if born_bytes is not None and phase == "B":   # param_grad_bytes, inline
+                born += born_bytes[i]
+            if layers[i].workspace or i in in_place:
+                need = least(s)
+            else:   # least_step_bytes without workspace or in-place input: inline
+                need = sum(map(size, needs_map[s])) + sum(map(size, allocs_map[s]))
+            need += born
+            if need > best:
+                best = need
+        if self.optimizer_step:
+            need = born + least(self.optimizer_step)
             if need > best:
                 best = need
         return self.trace.static_bytes + best
