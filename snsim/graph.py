@@ -437,6 +437,22 @@ class Graph:
                           [self.allocs_map.get(s) for s in steps])
         return out
 
+    @cached_property
+    def plain_workspace(self) -> dict[str, list]:
+        """Per phase (``F``, ``R``, ``B``), per layer: the workspace of its step with
+        the first algorithm where that is all there is to it (no in-place input
+        for ``F``/``R``, no measured hand-over peak for ``B``: then the ledger's
+        ``workspace`` is ``workspace_bytes``); None where the ledger must work it
+        out from the ops around the step."""
+        fwd, bwd = [], []
+        in_place = self.in_place_of
+        for layer in self.layers:
+            ws = layer.workspace
+            fwd.append(None if layer.id in in_place else (ws[0].fwd_bytes if ws else 0))
+            bwd.append((None if ws[0].bwd_released is not None else ws[0].backward_bytes)
+                       if ws else 0)
+        return {"F": fwd, "R": fwd, "B": bwd}
+
     # ------------------------------------------------------------- analyses
     @cached_property
     def last_use(self) -> dict[Tensor, int]:

@@ -44,3 +44,50 @@ def test_one_object_per_tensor(name, g):
     for ts in g.results_of.values():
         assert all(canon[t] is t for t in ts), name
     assert seen > 0
+
+
+def _handover_and_in_place():
+    from test_handover import _trace
+    from test_inplace import _net
+
+    yield "handover4", Graph(_trace())
+    yield "in-place", Graph(_net(True))
+    yield "gpt", Graph(load_trace(str(ROOT / "traces" / "cpu_gpt_small_b4.json")))
+    yield "resnet18", Graph(load_trace(str(ROOT / "traces" / "cpu_resnet18_b8_64.json")))
+    yield "resnet50", Graph(load_trace(str(ROOT / "traces" / "k40c_resnet50_b32.json")))
+
+
+@pytest.mark.parametrize("name,g", list(_handover_and_in_place()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_plain_workspace_table_is_the_ledgers_workspace(name, g):
+    """The walk reads a step's workspace from ``Graph.plain_workspace`` where it is
+    plain; every compute op's workspace in the walk (checked or not) is still
+    what ``ledger.workspace`` works out from the ops around it."""
+    from snsim import policies
+    from snsim.policies.base import PlanContext
+    from snsim.schedule import ledger
+    from snsim.schedule.ops import Compute, Offload
+
+    plain = g.plain_workspace
+    for i, layer in enumerate(g.layers):
+        if layer.id not in g.in_place_of:
+            assert plain["F"][i] == plain["R"][i] == g.workspace_bytes(("F", i))
+        if not layer.workspace or layer.workspace[0].bwd_released is None:
+            assert plain["B"][i] == g.workspace_bytes(("B", i))
+    checked = 0
+    for policy in ("liveness", "superneurons", "sqrt-n", "vdnn-all"):
+        for factor in (1.1, 2.0):
+            ops = policies.plan(policy, PlanContext(g, int(factor * g.lower_bound_bytes))).ops
+            host: set = set()
+            for effects in (ledger.walk(g, ops, route=False),
+                            ledger.walk(g, ops, route=False, check=False)):
+                host.clear()
+                for k, (op, (nbytes, ws, _)) in enumerate(zip(ops, effects)):
+                    if type(op) is Offload:
+                        host.add(op.tensor)
+                    if type(op) is Compute and op.phase != "O":
+                        grads = g.param_grad_bytes(op.step)
+                        assert ws == ledger.workspace(g, ops, k, nbytes - grads, host), \
+                            (name, policy, factor, k, op)
+                        checked += 1
+    assert checked

@@ -82,6 +82,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     remade = graph.multi_result
     born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
     in_place = graph.in_place_of
+    plain = graph.plain_workspace
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -156,7 +157,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                     # a resident S (saved extras re-made by a recompute), or a resident
                     # result of an op with several (its recompute returns them all), is
                     # overwritten in place
-            w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
+            # the first algorithm's plain workspace read from a table; else worked out
+            w = plain[phase][i] if not op.algo else None
+            if w is None:
+                w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
             append((nbytes + (born[i] if born and phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
@@ -226,6 +230,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
+    plain = graph.plain_workspace
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
@@ -244,10 +249,12 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                     if t not in resident:
                         add(t)
                         nbytes += sizes[t]
-            layer = layers[op.layer]
-            grads = born[op.layer] if born and phase == "B" else 0
-            w = workspace(graph, ops, k, nbytes, host) \
-                if layer.workspace or op.layer in in_place else 0
+            grads = born[i] if born and phase == "B" else 0
+            # the first algorithm's plain workspace read from a table; else worked out
+            w = plain[phase][i] if not op.algo else None
+            if w is None:
+                w = workspace(graph, ops, k, nbytes, host) \
+                    if layers[i].workspace or i in in_place else 0
             yield (nbytes + grads, w, 0)
         elif tp is Free:
             t = op.tensor
