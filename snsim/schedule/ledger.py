@@ -164,11 +164,12 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             append((nbytes + (born[i] if born and phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
-            if t not in resident:
+            try:
+                resident.remove(t)   # one lookup: the rule and the free
+            except KeyError:
                 at = _freed_at(ops, k, t)
                 fail(k, f"frees {tensor_name(t)}, which it does not hold"
                      + (f" (freed at op {at})" if at is not None else ""))
-            resident.remove(t)
             append((0, 0, size(t)))
         elif tp is Offload:
             t = op.tensor
