@@ -438,6 +438,15 @@ class Graph:
         return out
 
     @cached_property
+    def alloc_bytes_table(self) -> dict[str, list]:
+        """Per phase (``F``, ``R``, ``B``), per layer: the bytes of all that its
+        step allocates (what it makes when none of it is resident yet), None where
+        the layer has no such step."""
+        sizes = self.sizes.__getitem__
+        return {phase: [None if a is None else sum(map(sizes, a)) for a in table[1]]
+                for phase, table in self.step_tables.items()}
+
+    @cached_property
     def plain_workspace(self) -> dict[str, list]:
         """Per phase (``F``, ``R``, ``B``), per layer: the workspace of its step with
         the first algorithm where that is all there is to it (no in-place input

@@ -91,3 +91,16 @@ def test_plain_workspace_table_is_the_ledgers_workspace(name, g):
                             (name, policy, factor, k, op)
                         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("name,g", list(_handover_and_in_place()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_alloc_bytes_table(name, g):
+    """The walks read a step's bytes, when none of what it allocates is resident,
+    from ``Graph.alloc_bytes_table``: the sum of its allocations' sizes."""
+    for phase, table in g.alloc_bytes_table.items():
+        assert len(table) == g.n
+        for i, nbytes in enumerate(table):
+            allocs = g.allocs_map.get((phase, i))
+            assert nbytes == (None if allocs is None else sum(g.size(t) for t in allocs)), \
+                (name, phase, i)

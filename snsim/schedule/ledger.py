@@ -83,6 +83,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
     in_place = graph.in_place_of
     plain = graph.plain_workspace
+    all_bytes = graph.alloc_bytes_table
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -111,8 +112,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             table = tables.get(phase)
             if table is not None and type(i) is int and 0 <= i < len(table[0]):
                 needs, allocs = table[0][i], table[1][i]
+                new_bytes = all_bytes[phase][i]
             else:   # another phase, or a layer index of another type: the maps
                 needs, allocs = needs_map.get((phase, i)), allocs_map.get((phase, i))
+                new_bytes = None
             if phase == "R":
                 if needs is None:
                     fail(k, "unknown step")
@@ -143,7 +146,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                         fail(k, f"needs {tensor_name(t)}, which is not resident")
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
-                nbytes = sum(map(size, allocs))
+                nbytes = sum(map(size, allocs)) if new_bytes is None else new_bytes
             else:
                 nbytes = 0
                 for t in allocs:
@@ -228,6 +231,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
     tables = {phase: table[1] for phase, table in graph.step_tables.items()}
+    all_bytes = graph.alloc_bytes_table
     size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
@@ -240,10 +244,13 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                 yield (0, graph.workspace_bytes((phase, op.layer)), 0)
                 continue
             i = op.layer
-            allocs = tables[phase][i] if type(i) is int and i >= 0 else allocs_of[(phase, i)]
+            if type(i) is int and i >= 0:
+                allocs, nbytes = tables[phase][i], all_bytes[phase][i]
+            else:
+                allocs = allocs_of[(phase, i)]
+                nbytes = sum(map(size, allocs))
             if resident.isdisjoint(allocs):
                 resident.update(allocs)
-                nbytes = sum(map(size, allocs))
             else:
                 nbytes = 0
                 for t in allocs:
