@@ -78,14 +78,21 @@ class Graph:
         self.n = n = len(layers)
         self.layers = layers
         self.consumers: list[list[int]] = [[] for _ in range(n)]
-        for layer in layers:
-            for j in dict.fromkeys(layer.inputs):  # unique, keep order
-                self.consumers[j].append(layer.id)
+        consumers = self.consumers
+        # each layer's inputs, unique, in order (most layers have one)
+        self._ins = ins_of = [layer.inputs if len(layer.inputs) < 2
+                              else tuple(dict.fromkeys(layer.inputs)) for layer in layers]
+        for i, ins in enumerate(ins_of):
+            for j in ins:
+                consumers[j].append(i)
         # Reaches the loss (the last layer) through consumers.
         reaches = [False] * n
         reaches[n - 1] = True
         for i in range(n - 2, -1, -1):
-            reaches[i] = any(reaches[c] for c in self.consumers[i])
+            for c in consumers[i]:
+                if reaches[c]:
+                    reaches[i] = True
+                    break
         rg = [False] * n
         for layer in layers:
             i = layer.id
@@ -95,12 +102,14 @@ class Graph:
         self.reaches_loss = reaches
         self.requires_grad = rg
         # Gradient G_j is allocated by the first backward step that contributes to
-        # it: the largest-id consumer that requires grad.
+        # it: the largest-id consumer that requires grad (consumers are in id order).
         self.grad_owner: list[int | None] = [None] * n
         for j in range(n):
-            owners = [c for c in self.consumers[j] if rg[c]]
-            if rg[j] and owners:
-                self.grad_owner[j] = max(owners)
+            if rg[j]:
+                for c in reversed(consumers[j]):
+                    if rg[c]:
+                        self.grad_owner[j] = c
+                        break
         # One tuple object per tensor: every map below (sizes, needs, allocs, the
         # gradient plan, in-place inputs) holds the same object for a tensor, so
         # the hot loops' set and dict lookups find it by identity before comparing
@@ -112,7 +121,8 @@ class Graph:
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
         self.result_bytes: dict[Tensor, int] = {}
-        for layer in layers:
+        extras = [layer for layer in layers if layer.extra]   # the op-log fields, if any
+        for layer in extras:
             sizes = layer.extra.get("output_sizes")
             if sizes:
                 self.x_bytes[layer.id] = int(sizes[0])
@@ -136,7 +146,7 @@ class Graph:
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
         self.in_place_of: dict[int, Tensor] = {}
-        for layer in layers:
+        for layer in extras:
             j = layer.extra.get("inplace_of")
             if layer.extra.get("inplace_alias") and j in layer.inputs \
                     and j not in self.results_of and "input_results" not in layer.extra:
@@ -156,43 +166,53 @@ class Graph:
         # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
         self.needs_map: dict[Step, tuple[Tensor, ...]] = {}
         self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
-        for i in range(n):
-            self._build_steps(i)
+        self._build_steps()
 
     # ------------------------------------------------------------------ steps
-    def _build_steps(self, i: int) -> None:
-        layer = self.layers[i]
-        xs = self._xs
-        ins = tuple(dict.fromkeys(layer.inputs))
-        more = self.results_of.get(i, ())
-        fwd_allocs = (xs[i],) + more + ((self._ss[i],) if layer.saved_extra_bytes else ())
-        reads = layer.extra.get("input_results")
-        fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
-                          if t is not None) if reads else tuple([xs[j] for j in ins])
-        self.needs_map[("F", i)] = fwd_needs
-        self.allocs_map[("F", i)] = fwd_allocs
-        self.needs_map[("R", i)] = fwd_needs
-        self.allocs_map[("R", i)] = fwd_allocs
-        if not self.requires_grad[i]:
-            return
-        last = i == self.n - 1
-        needs: list[Tensor] = [] if last else [self.grad_in[i]]
-        if layer.saved_extra_bytes:
-            needs.append(self._ss[i])
-        if layer.reads_inputs:
-            needs.extend([xs[j] for j in ins])
-        if layer.reads_output:
-            needs.append(xs[i])
-        allocs: list[Tensor] = [self._gs[i]] if last else []
-        for _, mode, store, old in self.grad_plan[i]:
-            if mode in (NEW, COPY):
-                allocs.append(store)
-            if mode in (ADD, COPY):
-                needs.append(old)
-        for p in self.buffer_steps.get(i, ()):   # shared parameters' buffers
-            (allocs if self.param_buffers[p][1][0] == i else needs).append(self._ps[p])
-        self.needs_map[("B", i)] = tuple(dict.fromkeys(needs))
-        self.allocs_map[("B", i)] = tuple(dict.fromkeys(allocs))
+    def _build_steps(self) -> None:
+        """``needs_map`` and ``allocs_map``: per layer, its forward (and recompute)
+        step, then its backward step where it requires grad."""
+        xs, ss, gs, ps = self._xs, self._ss, self._gs, self._ps
+        needs_map, allocs_map = self.needs_map, self.allocs_map
+        results_of, grad_in, grad_plan = self.results_of, self.grad_in, self.grad_plan
+        rg, buffer_steps = self.requires_grad, self.buffer_steps
+        last_i = self.n - 1
+        for i, layer in enumerate(self.layers):
+            ins = self._ins[i]
+            more = results_of.get(i, ()) if results_of else ()
+            saved = layer.saved_extra_bytes
+            fwd_allocs = (xs[i],) + more + ((ss[i],) if saved else ())
+            reads = layer.extra.get("input_results") if layer.extra else None
+            fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
+                              if t is not None) if reads else tuple([xs[j] for j in ins])
+            needs_map[("F", i)] = fwd_needs
+            allocs_map[("F", i)] = fwd_allocs
+            needs_map[("R", i)] = fwd_needs
+            allocs_map[("R", i)] = fwd_allocs
+            if not rg[i]:
+                continue
+            last = i == last_i
+            needs: list[Tensor] = [] if last else [grad_in[i]]
+            if saved:
+                needs.append(ss[i])
+            bwd_reads = layer.bwd_reads
+            if "inputs" in bwd_reads:    # layer.reads_inputs
+                needs.extend([xs[j] for j in ins])
+            if "output" in bwd_reads:    # layer.reads_output
+                needs.append(xs[i])
+            allocs: list[Tensor] = [gs[i]] if last else []
+            for _, mode, store, old in grad_plan[i]:
+                if mode == NEW or mode == COPY:
+                    allocs.append(store)
+                if mode == ADD or mode == COPY:
+                    needs.append(old)
+            if buffer_steps:
+                for p in buffer_steps.get(i, ()):   # shared parameters' buffers
+                    (allocs if self.param_buffers[p][1][0] == i else needs).append(ps[p])
+            needs_map[("B", i)] = tuple(dict.fromkeys(needs)) if len(needs) > 1 \
+                else tuple(needs)
+            allocs_map[("B", i)] = tuple(dict.fromkeys(allocs)) if len(allocs) > 1 \
+                else tuple(allocs)
 
     def _plan_gradients(self) -> None:
         """Which storage holds each ``G_j`` at each backward step (DESIGN 3,
