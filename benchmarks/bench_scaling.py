@@ -13,18 +13,25 @@ other processes only ever add time, so the least of a few runs is the
 figure closest to the idle one (one run per point by default; what a
 planner caches per graph, such as the route's liveness, is then paid in the
 first run only).
+With ``--calls`` each point is also run once more under cProfile and the
+slope of its Python function calls (builtins included) over the layers is
+printed: the work done, which the machine's load does not change (a
+quadratic loop of calls shows as 2.0 however busy the machine is).
 Prints only; no assertions.
 
     python benchmarks/bench_scaling.py [--sizes 1000,2000,4000,8000,16000,32000]
                                        [--policies dtr,superneurons] [--repeats 3]
+                                       [--calls]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import math
 import os
+import pstats
 import time
 
 from snsim import synth
@@ -57,12 +64,15 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(names()))
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per point; the least time is kept (default 1)")
+    ap.add_argument("--calls", action="store_true",
+                    help="also count each point's function calls (one profiled run more)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     pols = args.policies.split(",")
     times: dict[tuple[str, float], list[float]] = {(p, f): [] for p in pols for f in FACTORS}
     cpus: dict[tuple[str, float], list[float]] = {(p, f): [] for p in pols for f in FACTORS}
     feas: dict[tuple[str, float], list[bool]] = {(p, f): [] for p in pols for f in FACTORS}
+    calls: dict[tuple[str, float], list[int]] = {(p, f): [] for p in pols for f in FACTORS}
     real = []
     for n in sizes:
         g = Graph(deep_resnet(n))
@@ -86,6 +96,10 @@ def main() -> None:
                 times[(p, f)].append(dt)
                 cpus[(p, f)].append(dc)
                 feas[(p, f)].append(r.feasible)
+                if args.calls:
+                    prof = cProfile.Profile()
+                    prof.runcall(evaluate, g, p, budget, context=ctx)
+                    calls[(p, f)].append(pstats.Stats(prof).total_calls)
                 line.append(f"{p}@{f}x {dt:.2f}s")
         print(f"{g.n} layers: " + ", ".join(line), flush=True)
     print()
@@ -108,8 +122,13 @@ def main() -> None:
             print(f"  {p:>16} @ {f:.2f}x  {cells}  slope {k:5.2f} "
                   f"({'met' if k <= 1.2 else 'MISSED'}; CPU {kc:5.2f})  deepest {ts[-1]:5.2f} s "
                   f"({'met' if ts[-1] <= 5 else 'MISSED'}; CPU {cs[-1]:5.2f} s "
-                  f"{'met' if cs[-1] <= 5 else 'MISSED'})  {'F' if feas[(p, f)][-1] else '-'}")
+                  f"{'met' if cs[-1] <= 5 else 'MISSED'})  {'F' if feas[(p, f)][-1] else '-'}"
+                  + (f"  calls slope {slope(real, calls[(p, f)]):.2f}"
+                     if args.calls and len(real) > 1 else ""))
     print(f"  largest slope: {worst:.2f} wall, {worst_cpu:.2f} CPU (target <= 1.2)")
+    if args.calls and len(real) > 1:
+        kc = max(slope(real, c) for c in calls.values())
+        print(f"  largest slope of function calls: {kc:.2f} (1.0: linear work; n log n a little over)")
 
 
 if __name__ == "__main__":
