@@ -240,12 +240,12 @@ class CachePlanner:
             for k, t in sorted(copies):
                 at.setdefault(k, []).append(Offload(t))
             out: list[Op] = []
-            for k, op in enumerate(ops):
-                if k in at:
-                    out.extend(at[k])
-                out.append(op)
-            if len(ops) in at:
-                out.extend(at[len(ops)])
+            prev = 0
+            for k in sorted(at):   # each offload group before op k (or at the end)
+                out.extend(ops[prev:k])
+                out.extend(at[k])
+                prev = k
+            out.extend(ops[prev:])
             self.ops = out
         return self.ops
 

@@ -82,6 +82,8 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     remade = graph.multi_result
     born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
     in_place = graph.in_place_of
+    plain = graph.plain_workspace
+    all_bytes = graph.alloc_bytes_table
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -110,8 +112,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             table = tables.get(phase)
             if table is not None and type(i) is int and 0 <= i < len(table[0]):
                 needs, allocs = table[0][i], table[1][i]
+                new_bytes = all_bytes[phase][i]
             else:   # another phase, or a layer index of another type: the maps
                 needs, allocs = needs_map.get((phase, i)), allocs_map.get((phase, i))
+                new_bytes = None
             if phase == "R":
                 if needs is None:
                     fail(k, "unknown step")
@@ -142,7 +146,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                         fail(k, f"needs {tensor_name(t)}, which is not resident")
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
-                nbytes = sum(map(size, allocs))
+                nbytes = sum(map(size, allocs)) if new_bytes is None else new_bytes
             else:
                 nbytes = 0
                 for t in allocs:
@@ -156,15 +160,19 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                     # a resident S (saved extras re-made by a recompute), or a resident
                     # result of an op with several (its recompute returns them all), is
                     # overwritten in place
-            w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
+            # the first algorithm's plain workspace read from a table; else worked out
+            w = plain[phase][i] if not op.algo else None
+            if w is None:
+                w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
             append((nbytes + (born[i] if born and phase == "B" else 0), w, 0))
         elif tp is Free:
             t = op.tensor
-            if t not in resident:
+            try:
+                resident.remove(t)   # one lookup: the rule and the free
+            except KeyError:
                 at = _freed_at(ops, k, t)
                 fail(k, f"frees {tensor_name(t)}, which it does not hold"
                      + (f" (freed at op {at})" if at is not None else ""))
-            resident.remove(t)
             append((0, 0, size(t)))
         elif tp is Offload:
             t = op.tensor
@@ -223,9 +231,11 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
     tables = {phase: table[1] for phase, table in graph.step_tables.items()}
+    all_bytes = graph.alloc_bytes_table
     size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
+    plain = graph.plain_workspace
     for k, op in enumerate(ops):
         tp = type(op)
         if tp is Compute:
@@ -234,20 +244,25 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
                 yield (0, graph.workspace_bytes((phase, op.layer)), 0)
                 continue
             i = op.layer
-            allocs = tables[phase][i] if type(i) is int and i >= 0 else allocs_of[(phase, i)]
+            if type(i) is int and i >= 0:
+                allocs, nbytes = tables[phase][i], all_bytes[phase][i]
+            else:
+                allocs = allocs_of[(phase, i)]
+                nbytes = sum(map(size, allocs))
             if resident.isdisjoint(allocs):
                 resident.update(allocs)
-                nbytes = sum(map(size, allocs))
             else:
                 nbytes = 0
                 for t in allocs:
                     if t not in resident:
                         add(t)
                         nbytes += sizes[t]
-            layer = layers[op.layer]
-            grads = born[op.layer] if born and phase == "B" else 0
-            w = workspace(graph, ops, k, nbytes, host) \
-                if layer.workspace or op.layer in in_place else 0
+            grads = born[i] if born and phase == "B" else 0
+            # the first algorithm's plain workspace read from a table; else worked out
+            w = plain[phase][i] if not op.algo else None
+            if w is None:
+                w = workspace(graph, ops, k, nbytes, host) \
+                    if layers[i].workspace or i in in_place else 0
             yield (nbytes + grads, w, 0)
         elif tp is Free:
             t = op.tensor
