@@ -1,29 +1,25 @@
-"""``dtr``'s two data structures: the evicted neighbourhoods and the candidate pool.
+"""``dtr``'s two data structures: the evicted classes and the candidate pool.
 
-:class:`Classes` keeps DTR's evicted neighbourhoods as union-find classes
-over the evicted layers, each with the summed forward time of its members
-(simrd's ``eq_class`` optimisation, ``DTREqClass``): evicting a layer makes
-a class of it and joins its evicted neighbours' classes, so a candidate's
-neighbourhood cost is a few ``find`` calls (O(alpha) amortized).  simrd never
-splits a class: a member that comes back (recomputed) only takes its time
-off the class, so the class may stay joined through it.  Here a class that
-loses a member is rebuilt into its connected pieces (exactly the
-components) while it has at most :data:`SPLIT_MAX` members (a member with
-at most one evicted neighbour cannot disconnect it: it only leaves the class,
-no rebuild, the usual case along a recomputed chain); a larger class
-is left joined through its returned members, as simrd's approximation
-does, since rebuilding it costs its size on every recompute (quadratic on a
-deep evicted chain).  Its summed time is always exact for its present
-members; only its connectivity is approximate, and only beyond
-:data:`SPLIT_MAX` members (``tests/test_dtr.py`` checks the exact choice on
-small graphs, where every class is split).
+:class:`Classes` keeps the evicted storage nodes as union-find classes of
+connected ones (through reads, both ways), with their summed forward time and
+a front (the nodes next to the class): evicting a node makes a class of it and
+joins its evicted neighbours' classes.  A candidate's cost (its directed
+regions, :meth:`snsim.policies.dtr.Planner.cost`) lies inside the classes
+next to it, so when a member comes back only the candidates on its class's
+front may cost less: their cached bounds are reset (``lowered``).  A class
+that loses a member is rebuilt into its connected pieces while it has at most
+:data:`SPLIT_MAX` members (a member with at most one evicted neighbour cannot
+disconnect it: it only leaves the class, no rebuild, the usual case along a
+recomputed chain); a larger class is left joined through its returned
+members (rebuilding it costs its size on every recompute, quadratic on a deep
+evicted chain), which only makes its front larger than needed.
 
 :class:`Pool` holds the resident evictable tensors in numpy arrays (last
-access, own forward time, size, pinned), so that a lower bound of every
-candidate's score (its own forward time as the cost: the neighbourhood only
-adds) is one vectorized pass; the planner then scores exactly only the
-candidates whose bound is below the best exact score found (branch and
-bound), which gives the full scan's choice at a fraction of its work.
+access, own forward time, cached cost, size, pinned, evictable order), so
+that a lower bound of every candidate's score (its cached cost: regions only
+grow until a reset) is one vectorized pass; the planner then scores exactly
+only the candidates whose bound is below the best exact score found (branch
+and bound), which gives the full scan's choice at a fraction of its work.
 """
 
 from __future__ import annotations
@@ -32,19 +28,20 @@ import math
 
 import numpy as np
 
-# A class with more members is not rebuilt when one comes back (simrd's approximation).
+# A class with more members is not rebuilt when one comes back (only its front is reset).
 SPLIT_MAX = 256
 
 
 class Classes:
-    """Union-find over the evicted layers; ``evicted`` is the set of them."""
+    """Union-find over the evicted storage nodes (``evicted``; the planner's nodes,
+    named layers here: on most traces a node is a layer)."""
 
     def __init__(self, near, fwd, lowered=None, scored=None):
         self.near, self.fwd = near, fwd
-        # lowered(layers, by): the neighbourhood cost of these layers' tensors
-        # dropped by ``by`` ms (None: by an unknown amount); scored(j): layer j has a resident candidate (an evicted layer's
-        # saved extras or other results may stay resident, scored next to its class)
-        self.lowered = lowered or (lambda layers, by: None)
+        # lowered(layers): the neighbourhood cost of these layers' tensors may have
+        # dropped; scored(j): layer j has a resident candidate (an evicted layer's
+        # saved extras may stay resident, scored next to its class)
+        self.lowered = lowered or (lambda nodes: None)
         self.scored = scored or (lambda j: False)
         self.front: dict[int, list[int]] = {}   # root -> layers next to it
         self.evicted: set[int] = set()
@@ -141,7 +138,7 @@ class Classes:
             members.remove(nd)
             scored = self.scored
             front = list(dict.fromkeys(k for k in self.front[r] if k not in ev or scored(k)))
-            self.lowered(front, None)
+            self.lowered(front)
             front.append(j)
             self.front[r] = front
         elif len(members) <= SPLIT_MAX or self.live[r] == 0:
@@ -149,15 +146,18 @@ class Classes:
             scored = self.scored
             front = list(dict.fromkeys(k for k in self.front[r] if k not in ev or scored(k)))
             self.dirty.add(r)
-            self.lowered(front, None)
+            self.lowered(front)
             front.append(j)
             self.front[r] = front
         else:
-            # every neighbour loses X_j's time: one global drop (Pool.drop_all);
-            # X_j's own neighbours may lose the whole class (reached through X_j)
-            self.lowered((), self.fwd[j])
-            self.lowered(self.near[j] + (j,), None)
-            self.front[r].append(j)
+            # a large class stays joined through X_j (no rebuild), but a neighbour's
+            # region may have reached much of it through X_j: every neighbour's
+            # cached cost is reset, as in a split
+            scored = self.scored
+            front = list(dict.fromkeys(k for k in self.front[r] if k not in ev or scored(k)))
+            self.lowered(front)
+            front.append(j)
+            self.front[r] = front
 
     def rebuild(self) -> None:
         node, layer, near = self.node, self.layer, self.near
@@ -186,24 +186,14 @@ class Classes:
                 self.front[self.find(nd)] = list(dict.fromkeys(front))
         self.dirty.clear()
 
-    def cost(self, j: int, nb) -> tuple[float, int]:
-        """Forward ms of the distinct classes next to layer j through ``nb``, and
-        their members."""
-        ev = self.evicted
-        if ev.isdisjoint(nb):
-            return 0.0, 0
-        if self.dirty:
-            self.rebuild()
-        node, find = self.node, self.find
-        roots = {find(node[k]) for k in nb if k in ev}
-        return sum(self.ms[r] for r in roots), sum(self.live[r] for r in roots)
-
 
 class Pool:
     """The resident evictable tensors, one slot each, with numpy columns:
     ``A`` last access (ms), ``F`` own forward ms, ``K`` a lower bound of the
-    neighbourhood cost (the last exact one, lowered to ``F`` when a class next
-    to it loses time), ``S`` bytes, ``P`` 0 or inf (pinned)."""
+    neighbourhood cost (the last exact one, reset to ``F`` when an evicted
+    node near it comes back), ``S`` bytes, ``P`` 0 or inf (pinned), ``E`` when
+    it last became evictable (made, or its last pin released): simrd's pool
+    order, which breaks ties (the latest wins, as its scan's ``<=`` does)."""
 
     def __init__(self, capacity: int):
         self.t: list = []
@@ -212,10 +202,10 @@ class Pool:
         self.A = np.zeros(n)
         self.F = np.zeros(n)
         self.K = np.zeros(n)
-        self.D = np.zeros(n)    # ``dropped`` when K was cached
-        self.dropped = 0.0      # ms taken off large classes so far
         self.S = np.zeros(n)
         self.P = np.zeros(n)
+        self.E = np.zeros(n)
+        self.seq = 0.0
 
     def __len__(self) -> int:
         return len(self.t)
@@ -225,8 +215,15 @@ class Pool:
         self.slot[t] = k
         self.t.append(t)
         self.A[k], self.F[k], self.K[k], self.S[k] = last, fwd, fwd, size
-        self.D[k] = self.dropped
         self.P[k] = math.inf if pinned else 0.0
+        self.seq += 1
+        self.E[k] = self.seq
+
+    def unpinned(self, i: int) -> None:
+        """Slot i's last pin is released: evictable again, latest in the order."""
+        self.P[i] = 0.0
+        self.seq += 1
+        self.E[i] = self.seq
 
     def drop(self, t) -> None:
         k = self.slot.pop(t)
@@ -235,20 +232,14 @@ class Pool:
             n = len(self.t)
             self.t[k] = last
             self.slot[last] = k
-            self.A[k], self.F[k], self.K[k], self.S[k], self.P[k], self.D[k] = (
-                self.A[n], self.F[n], self.K[n], self.S[n], self.P[n], self.D[n])
-
-    def drop_all(self, ms: float) -> None:
-        """Every cached cost may have dropped by ``ms`` (a large class lost a member)."""
-        self.dropped += ms
+            self.A[k], self.F[k], self.K[k], self.S[k], self.P[k], self.E[k] = (
+                self.A[n], self.F[n], self.K[n], self.S[n], self.P[n], self.E[n])
 
     def cached(self, i: int, cost: float) -> None:
         self.K[i] = cost
-        self.D[i] = self.dropped
 
     def reset(self, i: int) -> None:
         self.K[i] = self.F[i]
-        self.D[i] = self.dropped
 
     def bounds(self, score, clock: float, at: np.ndarray | None = None) -> np.ndarray:
         """Per slot (or per slot of ``at``), ``score`` with the cached cost (at least
@@ -259,8 +250,7 @@ class Pool:
         ix = slice(0, n) if at is None else at
         stale = clock - self.A[ix]
         with np.errstate(divide="ignore", invalid="ignore"):
-            cost = self.K[ix] - (self.dropped - self.D[ix])
-            lb = score(np.maximum(cost, self.F[ix]), self.S[ix], stale)
+            lb = score(np.maximum(self.K[ix], self.F[ix]), self.S[ix], stale)
         lb = np.asarray(lb, dtype=float) + self.P[ix]
         lb[stale <= 0] = math.inf
         return lb
