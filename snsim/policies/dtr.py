@@ -48,9 +48,9 @@ evicted storages (what recomputing it would need) and downwards (what would
 need it), over storage nodes (:attr:`Planner.node_of`): one per layer's
 output (with its saved extras), one per other result, a view joined to its
 storage's node (its op's time added, as simrd's storage compute sums its
-tensors' ops).  Searched when a candidate is scored exactly; the union-find
-classes of :mod:`snsim.policies.dtr_pool` (connected evicted storages) say
-whose cached cost may have dropped when an evicted storage comes back.  On an
+tensors' ops).  Searched when a candidate is scored exactly; when an evicted
+storage comes back, a search from it finds the candidates whose regions held
+it, whose cached bounds drop by the most they can lose.  On an
 op-log (forward-only) trace a released storage stays evicted for good, as in
 simrd (``keep_released``); on a trace with a backward pass it leaves the
 neighbourhoods once nothing can be recomputed through it.  ``chain``
@@ -62,8 +62,8 @@ Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
 uniformly (numpy, seeded), as DTR's prototype samples.  Both are a branch
 and bound with the same choice as scoring every candidate: every
 candidate's score is bounded below in one numpy pass from a cached cost (its
-last exact cost, reset to its own time when an evicted storage in a class
-next to it comes back: regions only grow otherwise), and only candidates
+last exact cost, lowered when an evicted storage in its regions comes back:
+regions only grow otherwise), and only candidates
 whose bound does not exceed the best exact score so far are scored exactly
 (``tests/test_dtr.py`` checks every choice against a brute-force scorer on
 random graphs and ResNet-50, the recomputations against simrd's runtime
@@ -91,7 +91,7 @@ from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.dtr_choose import Chooser
-from snsim.policies.dtr_pool import Classes, Pool
+from snsim.policies.dtr_pool import Pool
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
 # simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
@@ -222,16 +222,14 @@ class Planner(Chooser):
         self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
         self.nbytes = {t: size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
-        self.in_pool = [0] * nodes   # per node, its tensors in the pool
         self.rescored = 0                    # evictions that scored beyond the bound
         self.rescore = RESCORE
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
         self.views = graph.views
-        # the evicted neighbourhoods (union-find classes over the evicted layers)
-        self.classes = Classes(self.near, self.nfwd, self.lowered, self.scored)
-        self.evicted = self.classes.evicted
+        # the evicted storage nodes: what the regions are made of
+        self.evicted: set[int] = set()
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
         # an op log (forward-only): never, as in simrd, where a released tensor stays
         # evicted, and counts, for good.  Otherwise once nothing can be recomputed
@@ -266,14 +264,58 @@ class Planner(Chooser):
                     self.pool.unpinned(slot[u])
 
     def mark_evicted(self, j: int) -> None:
-        """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
-        if j not in self.classes.evicted:
-            self.classes.add(j)
+        """Node j leaves the device: it joins the regions of those that reach it
+        (their cached bounds stay lower bounds: regions only grow)."""
+        if j not in self.evicted:
+            self.evicted.add(j)
             self.expiry.setdefault(self.horizon[j], []).append(j)
 
+    def bound_near(self, t: Tensor) -> None:
+        """Candidate ``t``'s cached cost: its own time plus its evicted neighbours'
+        (they are in its regions), a lower bound of its cost until one comes back."""
+        nd, ev, nfwd = self.cand_node[t], self.evicted, self.nfwd
+        self.pool.cached(self.pool.slot[t], nfwd[nd] + sum(
+            nfwd[k] for k in (self.up[nd] if t[0] == "S" else self.near[nd]) if k in ev))
+
     def unmark_evicted(self, j: int) -> None:
-        """X_j is back (recomputed) or no longer needed: out of its class."""
-        self.classes.remove(j)
+        """Node j is back (recomputed) or no longer needed: out of the regions.  The
+        candidates whose regions held it may cost less now: those it reaches
+        through evicted nodes upwards (their downward regions held it, and at most
+        what lies below it with it: its own downward region) and downwards
+        (likewise).  Their cached bounds drop by that much, or to their own time
+        plus their evicted neighbours', whichever is more."""
+        ev = self.evicted
+        if j not in ev:
+            return
+        cands, pool, nfwd = self.cands, self.pool, self.nfwd
+        slot, K, F = pool.slot, pool.K, pool.F
+        reached, mass = [], []
+        for links in (self.up, self.down):
+            seen, stack, found, ms = {j}, [j], [], 0.0
+            while stack:
+                for q in links[stack.pop()]:
+                    if q not in seen:
+                        seen.add(q)
+                        if cands[q]:
+                            found.append(q)
+                        if q in ev:
+                            stack.append(q)
+                            ms += nfwd[q]
+            reached.append(found)
+            mass.append(ms)
+        ev.discard(j)   # for the new bounds; out for good below
+        # reached upwards: they lose at most j and its downward region, and vice versa
+        for found, loss in zip(reached, (nfwd[j] + mass[1], nfwd[j] + mass[0])):
+            for q in found:
+                for t in cands[q]:
+                    if t in slot:
+                        i = slot[t]
+                        low = K[i] - loss
+                        if low > F[i]:
+                            K[i] = low
+                        else:
+                            self.bound_near(t)
+                            K[i] = max(K[i], low)
 
     def cost(self, j: int, both: bool = True) -> float:
         """DTR's e* cost of node j: its forward time plus that of every evicted
@@ -281,7 +323,7 @@ class Planner(Chooser):
         recompute of it would need) and, with ``both``, downwards (the evicted
         descendants that would need it), as simrd's two regions; ``inf`` if they
         have more than ``chain`` layers."""
-        ev = self.classes.evicted
+        ev = self.evicted
         total = self.nfwd[j]
         count = 0
         nfwd = self.nfwd
@@ -301,19 +343,6 @@ class Planner(Chooser):
         if count and 1 + count > self.chain:
             return math.inf
         return total
-
-    def scored(self, j: int) -> bool:
-        return self.in_pool[j] > 0
-
-    def lowered(self, layers) -> None:
-        """The neighbourhood cost of ``layers``' tensors may have dropped: their
-        cached lower bounds are reset to their own time."""
-        pool = self.pool
-        cands, slot = self.cands, pool.slot
-        for k in layers:
-            for t in cands[k]:
-                if t in slot:
-                    pool.reset(slot[t])
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
@@ -349,7 +378,6 @@ class Planner(Chooser):
                 self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
-            self.in_pool[self.cand_node[t]] -= 1
         if t[0] not in ("S", "G", "P"):
             for v in self.views[j]:   # a view goes with its storage
                 if ("X", v) in res:
@@ -467,9 +495,11 @@ class Planner(Chooser):
             self.level += g.size(t)
             if t in nbytes:
                 pool.add(t, last, self.nfwd[self.cand_node[t]], nbytes[t], bool(pins.get(t)))
-                self.in_pool[self.cand_node[t]] += 1
             if t in self.node_of:
                 self.unmark_evicted(self.node_of[t])
+        for t in new:
+            if t in nbytes:   # a first bound: own time + the evicted neighbours'
+                self.bound_near(t)
         if fresh:
             slot, A = pool.slot, pool.A
             for t in allocs:
