@@ -262,6 +262,7 @@ def test_cached_costs_stay_lower_bounds():
 
     class Bounded(Planner):
         def victim(self):
+            self.settle()
             pool = self.pool
             lb = pool.bounds(self.score, self.clock)
             for k in range(len(pool)):

@@ -228,8 +228,10 @@ class Planner(Chooser):
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
         self.views = graph.views
-        # the evicted storage nodes: what the regions are made of
+        # the evicted storage nodes: what the regions are made of; those back since
+        # the last choice, whose bounds are still to lower (settle)
         self.evicted: set[int] = set()
+        self.returned: list[int] = []
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
         # an op log (forward-only): never, as in simrd, where a released tensor stays
         # evicted, and counts, for good.  Otherwise once nothing can be recomputed
@@ -278,20 +280,33 @@ class Planner(Chooser):
             nfwd[k] for k in (self.up[nd] if t[0] == "S" else self.near[nd]) if k in ev))
 
     def unmark_evicted(self, j: int) -> None:
-        """Node j is back (recomputed) or no longer needed: out of the regions.  The
-        candidates whose regions held it may cost less now: those it reaches
-        through evicted nodes upwards (their downward regions held it, and at most
-        what lies below it with it: its own downward region) and downwards
-        (likewise).  Their cached bounds drop by that much, or to their own time
-        plus their evicted neighbours', whichever is more."""
-        ev = self.evicted
-        if j not in ev:
+        """Node j is back (recomputed) or no longer needed: out of the regions now;
+        the bounds of the candidates whose regions held it are lowered before the
+        next choice (:meth:`settle`)."""
+        if j in self.evicted:
+            self.evicted.discard(j)
+            self.returned.append(j)
+
+    def settle(self) -> None:
+        """Lower the cached bounds for the nodes back since the last choice, in one
+        search from all of them through the evicted and the returned nodes (a
+        region that held a returned node held it through nodes evicted now or
+        returned since).  Those reached upwards (their downward regions held a
+        returned node) lose at most the returned nodes and what the search finds
+        below them, and vice versa; their bounds drop by that much, or to their
+        own time plus their evicted neighbours', whichever is more."""
+        back = self.returned
+        if not back:
             return
-        cands, pool, nfwd = self.cands, self.pool, self.nfwd
+        ev, cands, pool, nfwd = self.evicted, self.cands, self.pool, self.nfwd
         slot, K, F = pool.slot, pool.K, pool.F
+        gone = set(back)
+        back.clear()
+        back_ms = sum(nfwd[j] for j in gone)
+        mine = [j for j in gone if cands[j]]   # returned, resident again: theirs too
         reached, mass = [], []
         for links in (self.up, self.down):
-            seen, stack, found, ms = {j}, [j], [], 0.0
+            seen, stack, found, ms = set(gone), list(gone), list(mine), 0.0
             while stack:
                 for q in links[stack.pop()]:
                     if q not in seen:
@@ -303,9 +318,7 @@ class Planner(Chooser):
                             ms += nfwd[q]
             reached.append(found)
             mass.append(ms)
-        ev.discard(j)   # for the new bounds; out for good below
-        # reached upwards: they lose at most j and its downward region, and vice versa
-        for found, loss in zip(reached, (nfwd[j] + mass[1], nfwd[j] + mass[0])):
+        for found, loss in zip(reached, (back_ms + mass[1], back_ms + mass[0])):
             for q in found:
                 for t in cands[q]:
                     if t in slot:

@@ -92,6 +92,7 @@ class Chooser:
         whose bound is below the best exact score so far (branch and bound: the
         full scan's choice).  With ``sample`` and more than ``full_scan``
         candidates: the best of ``sample`` drawn uniformly (seeded)."""
+        self.settle()
         pool = self.pool
         n = len(pool)
         if not n:
