@@ -91,7 +91,7 @@ from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.dtr_choose import Chooser
-from snsim.policies.dtr_pool import Pool
+from snsim.policies.dtr_pool import Pool, StorageNodes
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
 # simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
@@ -163,64 +163,12 @@ class Planner(Chooser):
                 if t is not None:
                     base = (t,) + self.storage.get(t, ())
                     self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
-        size = graph.size
-        # The evicted neighbourhoods are over storages, as simrd's regions: a node
-        # per layer (its output X_j, and its saved extras' place) and one per other
-        # result of an op with several (``output_sizes``); a view (``alias_of``) is
-        # its storage's node (simrd: a storage's tensors are the views too, and its
-        # compute their ops' time summed).  A node's neighbours: the tensors its
-        # ops read, and every result of each op that reads one of its tensors (an
-        # op's results are neighbours through its readers, not through each other).
-        n = graph.n
-        self.node_of: dict[Tensor, int] = {("X", j): j for j in range(n)}
-        self.layer_of = list(range(n))
-        for t in sorted(graph.result_bytes, key=lambda t: (t[1], t[0])):
-            self.node_of[t] = len(self.layer_of)
-            self.layer_of.append(t[1])
-        node_of = self.node_of
-        for v in range(n):   # views, after their storage (log order)
-            base = self.storage.get(("X", v))
-            if base and graph.size(("X", v)) == 0 and base[-1] in node_of:
-                node_of[("X", v)] = node_of[base[-1]]
-        self.views_of: set[int] = {v for v in range(n) if node_of[("X", v)] != v}
-        nodes = len(self.layer_of)
-        self.nfwd = [self.fwd[j] for j in self.layer_of]
-        for v in self.views_of:
-            self.nfwd[node_of[("X", v)]] += self.fwd[v]
-        results: list[list[int]] = [[node_of[("X", j)]] for j in range(n)]
-        for t, nd in node_of.items():
-            if nd >= n:
-                results[t[1]].append(nd)
-        readers: list[list[int]] = [[] for _ in range(nodes)]
-        made: list[list[int]] = [[] for _ in range(nodes)]   # layers making its tensors
-        for j in range(n):
-            for nd in results[j]:
-                made[nd].append(j)
-        self.inputs: list[tuple[int, ...]] = []   # per layer, the nodes its op reads
-        for j in range(n):
-            ins = tuple(dict.fromkeys(node_of[t] for t in graph.needs(("F", j))
-                                      if t in node_of))
-            self.inputs.append(ins)
-            for nd in ins:
-                readers[nd].append(j)
-        # per node: the nodes its ops read (up) and the results of its readers (down)
-        self.up = [tuple(k for k in dict.fromkeys(
-            i for j in dict.fromkeys(made[nd]) for i in self.inputs[j]) if k != nd)
-            for nd in range(nodes)]
-        self.down = [tuple(k for k in dict.fromkeys(
-            r for c in dict.fromkeys(readers[nd]) for r in results[c]) if k != nd)
-            for nd in range(nodes)]
-        self.near = [u + tuple(k for k in d if k not in u) for u, d in zip(self.up, self.down)]
-        # per node, the tensors eviction may take (with bytes; never the data layer's):
-        # a layer's node holds X_j and its saved extras, another result's node it
-        self.cands: list[tuple[Tensor, ...]] = [() for _ in range(nodes)]
-        for j in range(1, n):
-            for t in graph.allocs(("F", j)):
-                if size(t) > 0:
-                    nd = node_of.get(t, j)
-                    self.cands[nd] = self.cands[nd] + (t,)
+        nodes = StorageNodes(graph, self.storage)
+        self.node_of, self.layer_of, self.views_of = nodes.node_of, nodes.layer_of, nodes.views_of
+        self.nfwd, self.inputs = nodes.nfwd, nodes.inputs
+        self.up, self.down, self.near, self.cands = nodes.up, nodes.down, nodes.near, nodes.cands
         self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
-        self.nbytes = {t: size(t) for ts in self.cands for t in ts}
+        self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
         self.rescored = 0                    # evictions that scored beyond the bound
         self.rescore = RESCORE
@@ -239,7 +187,7 @@ class Planner(Chooser):
         if keep_released is None:
             keep_released = bool(graph.trace.source.get("forward_only"))
         if keep_released:
-            self.horizon = [math.inf] * len(self.layer_of)
+            self.horizon = [math.inf] * len(self.nfwd)
         else:
             last = graph.last_use
             self.horizon = [max([last.get(("X", j), -1)]

@@ -1,12 +1,13 @@
-"""``dtr``'s candidate pool: the resident evictable tensors in numpy arrays.
+"""``dtr``'s candidate pool and its storage nodes.
 
-Last access, own forward time, cached cost, size, pinned and evictable order
-per slot, so that a lower bound of every candidate's score (its cached cost:
+:class:`Pool` holds the resident evictable tensors in numpy arrays (last
+access, own forward time, cached cost, size, pinned, evictable order per
+slot), so that a lower bound of every candidate's score (its cached cost:
 a candidate's regions only grow until an evicted node in them comes back,
 when the planner lowers the bound) is one vectorized pass; the planner then
 scores exactly only the candidates whose bound is below the best exact score
 found (branch and bound), which gives the full scan's choice at a fraction of
-its work.
+its work.  :class:`StorageNodes` are the nodes the regions are made of.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from snsim.graph import Graph, Tensor
 
 
 class Pool:
@@ -80,3 +83,69 @@ class Pool:
         lb = np.asarray(lb, dtype=float) + self.P[ix]
         lb[stale <= 0] = math.inf
         return lb
+
+
+class StorageNodes:
+    """simrd's storages as nodes over a graph's tensors, for ``dtr``'s regions.
+
+    A node per layer (its output X_j, and its saved extras' place) and one per
+    other result of an op with several (``output_sizes``); a view
+    (``alias_of``, ``storage`` maps it to the tensors it shares) is its
+    storage's node (simrd: a storage's tensors are the views too, and its
+    compute their ops' time summed).  A node's neighbours: the tensors its ops
+    read (``up``), and every result of each op that reads one of its tensors
+    (``down``: an op's results are neighbours through its readers, not through
+    each other).  ``cands`` per node: the tensors eviction may take there (with
+    bytes; never the data layer's)."""
+
+    def __init__(self, graph: Graph, storage: dict[Tensor, tuple[Tensor, ...]]) -> None:
+        size = graph.size
+        fwd = [layer.fwd_ms for layer in graph.layers]
+        n = graph.n
+        self.node_of: dict[Tensor, int] = {("X", j): j for j in range(n)}
+        self.layer_of = list(range(n))
+        for t in sorted(graph.result_bytes, key=lambda t: (t[1], t[0])):
+            self.node_of[t] = len(self.layer_of)
+            self.layer_of.append(t[1])
+        node_of = self.node_of
+        for v in range(n):   # views, after their storage (log order)
+            base = storage.get(("X", v))
+            if base and graph.size(("X", v)) == 0 and base[-1] in node_of:
+                node_of[("X", v)] = node_of[base[-1]]
+        self.views_of: set[int] = {v for v in range(n) if node_of[("X", v)] != v}
+        nodes = len(self.layer_of)
+        self.nfwd = [fwd[j] for j in self.layer_of]
+        for v in self.views_of:
+            self.nfwd[node_of[("X", v)]] += fwd[v]
+        results: list[list[int]] = [[node_of[("X", j)]] for j in range(n)]
+        for t, nd in node_of.items():
+            if nd >= n:
+                results[t[1]].append(nd)
+        readers: list[list[int]] = [[] for _ in range(nodes)]
+        made: list[list[int]] = [[] for _ in range(nodes)]   # layers making its tensors
+        for j in range(n):
+            for nd in results[j]:
+                made[nd].append(j)
+        self.inputs: list[tuple[int, ...]] = []   # per layer, the nodes its op reads
+        for j in range(n):
+            ins = tuple(dict.fromkeys(node_of[t] for t in graph.needs(("F", j))
+                                      if t in node_of))
+            self.inputs.append(ins)
+            for nd in ins:
+                readers[nd].append(j)
+        # per node: the nodes its ops read (up) and the results of its readers (down)
+        self.up = [tuple(k for k in dict.fromkeys(
+            i for j in dict.fromkeys(made[nd]) for i in self.inputs[j]) if k != nd)
+            for nd in range(nodes)]
+        self.down = [tuple(k for k in dict.fromkeys(
+            r for c in dict.fromkeys(readers[nd]) for r in results[c]) if k != nd)
+            for nd in range(nodes)]
+        self.near = [u + tuple(k for k in d if k not in u) for u, d in zip(self.up, self.down)]
+        # per node, the tensors eviction may take (with bytes; never the data layer's):
+        # a layer's node holds X_j and its saved extras, another result's node it
+        self.cands: list[tuple[Tensor, ...]] = [() for _ in range(nodes)]
+        for j in range(1, n):
+            for t in graph.allocs(("F", j)):
+                if size(t) > 0:
+                    nd = node_of.get(t, j)
+                    self.cands[nd] = self.cands[nd] + (t,)
