@@ -17,7 +17,9 @@ placeholder (the input of ops that read only constants), then one layer per
 op in log order, all of its results in that layer (``output_sizes``), then a
 0-byte ``loss`` layer reading what the program still holds at the end (the
 step's outputs, which simrd pins there).  Constants are ``constant_bytes``,
-static memory.  ``alias_of`` names the layers whose storage a view shares,
+static memory.  ``alias_of`` names the layers whose storage a view shares
+(a view of a constant, made from constants only: ``[0, 0]``, the data
+placeholder, so it stays as simrd's alias of a pinned constant does),
 ``released_after`` the layer after which the program held no reference to
 the layer's results.  No layer has parameters, so the route is the ops in
 order and nothing more: the trace says ``forward_only``.
@@ -150,6 +152,8 @@ class _Parser:
                 self.new_tensor(key, self.storage[args[a]], 0)
                 if args[a][0] != "c":
                     views.append(args[a])
+                elif ins == [0]:   # a view of a constant: of the data placeholder,
+                    views.append((0, 0))   # so it stays while the constant does
         self.ops.append(Op(name, time, ins, sizes, reads, list(dict.fromkeys(views)),
                            [None] * len(sizes), backward=self.backward))
         self.level += sum(sizes)

@@ -1,21 +1,30 @@
 """``dtr``: Dynamic Tensor Rematerialization (Kirisame et al., ICLR 2021).
 
 Replays the route under the budget the way DTR's runtime does (simrd's
-``RuntimeV2EagerOptimized``, the paper's simulated evaluation):
+``RuntimeV2EagerOptimized`` with its ``DTR()`` heuristic, the paper's
+simulated evaluation; on the authors' op logs the same recomputations, to the
+nanosecond, validate/report-dtr-simrd/):
 
 - *eager eviction*: a tensor leaves the device when the program no longer
   references it (liveness frees; on an op-log trace its release point,
   docs/DESIGN.md "Op-log traces"), and it stays part of the evicted
-  neighbourhoods while a recompute may still pass through it;
+  neighbourhoods while a recompute may still pass through it; a view the
+  program drops while its storage is resident stays (simrd's alias tensor
+  stays defined until its storage goes);
 - when an allocation does not fit, the resident tensor with the smallest
   ``h = cost / (size x staleness)`` is evicted, every evictable tensor
   scored (simrd scans its whole pool; a tensor without bytes is never a
-  candidate, since evicting it frees nothing);
-- a step that needs an evicted tensor recomputes it on demand (``R``
-  steps), through evicted or freed inputs back to resident ones; what a
-  recompute makes stays resident (and evictable), as in simrd; recomputing
-  an op re-makes all its results (the resident ones in place; a layer's
-  output beside evicted saved extras is freed first and re-made with them);
+  candidate, since evicting it frees nothing); of equal scores the one that
+  became evictable last (simrd's pool order);
+- *recursive rematerialization* (simrd's ``_materialize``, the paper's
+  algorithm): a step stamps its inputs, pins the resident ones, then makes
+  each missing one in turn, depth first (the op that made it, which does the
+  same for its own inputs), pinning it once it is there; then it makes room
+  and runs.  Only the inputs of the frames under way are pinned.  What a
+  recompute makes stays resident (and evictable).  A recompute makes room for
+  all of its op's results and re-makes the resident ones in place (simrd's
+  ``total_size``); a layer's output beside evicted saved extras is freed
+  first and re-made with them;
 - *thrash limit*: once recomputation exceeds ``(thrash_limit - 1) x`` the
   route's compute time the run is infeasible (simrd aborts past 2x).  It is
   declared as soon as it is certain: when the recomputation so far plus the
@@ -28,46 +37,44 @@ Replays the route under the budget the way DTR's runtime does (simrd's
 An op's results (``output_sizes``) and saved extras are separate tensors,
 each evicted on its own, as simrd's storages are; a view (``alias_of``) is
 pinned and evicted with its storage.  ``staleness`` is the planned compute
-time since the tensor was last read or made: a route step's inputs are
-stamped when the step begins (before what it needs is recomputed), its
-results after it; what is recomputed for the step, inputs and results, also
-carries the step's start (simrd stamps an op's inputs when it begins to make
-them ready and never stamps a recompute's results, so along a linear chain its
-stamps are exactly these); a staleness of zero scores ``inf``.
+time since the tensor's storage was last stamped: a step's inputs when its
+frame begins (a view's read stamps its storage), a route step's results when
+it ends; a recompute's results keep the stamp they had (simrd never stamps
+them); a staleness of zero scores ``inf``.
 
-``cost`` is DTR's evicted neighbourhood e*: the layer's own forward time
-plus that of every evicted layer connected to it through evicted layers
-(inputs and consumers: both sides), kept as union-find classes over the
-evicted layers (:mod:`snsim.policies.dtr_pool`).  A class of at most
-``SPLIT_MAX`` (256) members that loses one is rebuilt into its components,
-so the cost is the exact component's; a larger one only loses the member's
-time and stays joined through it (simrd's ``eq_class`` approximation): an
-over-estimate, on deep traces only.  simrd sums evicted ancestors and, apart,
-evicted descendants; a component also holds layers reached up and down again,
-so its cost is at least simrd's.  On an op-log (forward-only) trace a
-released layer stays in the classes for good, as in simrd
-(``keep_released``); on a trace with a backward pass it leaves them once
-nothing can be recomputed through it.  ``chain`` (default: none) caps a
-neighbourhood's layers; a candidate beyond it has infinite cost.
+``cost`` is DTR's evicted neighbourhood e*, as simrd's two regions: the
+tensor's own time plus that of every evicted storage reached upwards through
+evicted storages (what recomputing it would need) and downwards (what would
+need it), over storage nodes (:attr:`Planner.node_of`): one per layer's
+output (with its saved extras), one per other result, a view joined to its
+storage's node (its op's time added, as simrd's storage compute sums its
+tensors' ops).  Searched when a candidate is scored exactly; when an evicted
+storage comes back, a search from it finds the candidates whose regions held
+it, whose cached bounds drop by the most they can lose.  On an
+op-log (forward-only) trace a released storage stays evicted for good, as in
+simrd (``keep_released``); on a trace with a backward pass it leaves the
+neighbourhoods once nothing can be recomputed through it.  ``chain``
+(default: none) caps a neighbourhood's storages; a candidate beyond it has
+infinite cost.
 
 Every candidate is scored (simrd's full scan) while at most ``FULL_SCAN``
 (2,048) tensors are resident candidates; beyond, ``sample`` (256) drawn
 uniformly (numpy, seeded), as DTR's prototype samples.  Both are a branch
-and bound with the same choice as scoring every candidate (the smallest
-score; of equal ones the highest pool slot, or the last drawn): every
+and bound with the same choice as scoring every candidate: every
 candidate's score is bounded below in one numpy pass from a cached cost (its
-last exact cost, reset to its own time when a class next to it may have lost
-more than a member's time), and only candidates whose bound does not exceed
-the best exact score so far are scored exactly (``tests/test_dtr.py`` checks
-every choice against a brute-force scorer on random graphs and ResNet-50, the
-sampled choice against a scan of the sample, and that the cached bounds stay
-below the true scores; the bound needs a score non-decreasing in the cost,
-as all of these are).  The eviction score
-is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 / staleness),
-``size`` (1 / size) and ``msps`` (cost / size).  The smallest is evicted.
-The data layer's output is never evicted; where a recomputation would
-still need it after its last use, the plan is made again with it kept to the
-end of the route (the input is read from the host, never recomputed).
+last exact cost, lowered when an evicted storage in its regions comes back:
+regions only grow otherwise), and only candidates
+whose bound does not exceed the best exact score so far are scored exactly
+(``tests/test_dtr.py`` checks every choice against a brute-force scorer on
+random graphs and ResNet-50, the recomputations against simrd's runtime
+restated plainly on random op logs, the sampled choice against a scan of the
+sample, and that the cached bounds stay below the true scores; the bound
+needs a score non-decreasing in the cost, as all of these are).  The
+eviction score is pluggable (:data:`HEURISTICS`): ``dtr``, ``lru`` (1 /
+staleness), ``size`` (1 / size) and ``msps`` (cost / size).  The smallest is
+evicted.  The data layer's output is never evicted; where a recomputation
+would still need it after its last use, the plan is made again with it kept
+to the end of the route (the input is read from the host, never recomputed).
 """
 
 from __future__ import annotations
@@ -84,7 +91,7 @@ from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.dtr_choose import Chooser
-from snsim.policies.dtr_pool import Classes, Pool
+from snsim.policies.dtr_pool import Pool, StorageNodes
 from snsim.schedule.ops import Compute, Free, Op, Schedule
 
 # simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
@@ -112,13 +119,14 @@ class Planner(Chooser):
     """DTR's replay of the route; :func:`plan_dtr_ops` runs it.
 
     State a scorer may read: ``resident`` (tensor -> last access, ms),
-    ``pins`` (tensor -> pin count), ``evicted`` (layers whose output was
-    evicted and not yet recomputed), ``clock`` (ms) and ``pos`` (route index).
+    ``pins`` (tensor -> pin count), ``evicted`` (storage nodes evicted and not
+    yet recomputed; on a trace without views or several results per op, a
+    node is a layer), ``clock`` (ms) and ``pos`` (route index).
     """
 
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
                  sample: int | None = SAMPLE, chain: int | None = None, seed: int = 0,
-                 thrash_limit: float = THRASH, keep_remat: bool = True,
+                 thrash_limit: float = THRASH,
                  full_scan: int = FULL_SCAN, keep_released: bool | None = None):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
         self.full_scan = full_scan
@@ -129,14 +137,15 @@ class Planner(Chooser):
         self.ops: list[Op] = []
         self.clock = 0.0
         self.pos = 0
-        self.entry = 0.0   # clock when the route step under way began (its stamp)
+        # the last stamp of each tensor that is not resident (simrd keeps it on the
+        # evicted storage; a recompute's results get theirs back)
+        self.stamps: dict[Tensor, float] = {}
         self.reason: str | None = None
         self.evictions = 0
         self.remat_ms = 0.0
         self.keep_data = False        # the data layer's output stays to the end
         self.kept_data: set[Tensor] = set()
         self.infeasible: str | None = None
-        self.keep_remat = keep_remat
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
         # layers the route must still recompute: an evicted tensor that a later
         # route step reads (count per layer) and their summed forward ms, a lower
@@ -145,22 +154,7 @@ class Planner(Chooser):
         self.owed_ms = 0.0
         self.last_use = graph.last_use
         self.rng = np.random.default_rng(seed)
-        self.inputs = [tuple(dict.fromkeys(layer.inputs)) for layer in graph.layers]
         self.fwd = [layer.fwd_ms for layer in graph.layers]
-        self.consumers = [tuple(c) for c in graph.consumers]
-        self.near = [i + c for i, c in zip(self.inputs, self.consumers)]
-        size = graph.size
-        # per layer, the tensors eviction may take (with bytes; never the data layer's)
-        self.cands: list[tuple[Tensor, ...]] = [()] + [
-            tuple(t for t in graph.allocs(("F", j)) if size(t) > 0) for j in range(1, graph.n)]
-        self.nbytes = {t: size(t) for ts in self.cands for t in ts}
-        self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
-        self.in_pool = [0] * graph.n         # per layer, its tensors in the pool
-        self.rescored = 0                    # evictions that scored beyond the bound
-        self.rescore = RESCORE
-        self.with_extras = frozenset(j for j in range(1, graph.n)
-                                     if graph.layers[j].saved_extra_bytes
-                                     and j not in graph.multi_result)
         # a view's storage: pinned with the view, and the view goes when it is evicted
         self.storage: dict[Tensor, tuple[Tensor, ...]] = {}
         for layer in graph.layers:
@@ -169,10 +163,23 @@ class Planner(Chooser):
                 if t is not None:
                     base = (t,) + self.storage.get(t, ())
                     self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
+        nodes = StorageNodes(graph, self.storage)
+        self.node_of, self.layer_of, self.views_of = nodes.node_of, nodes.layer_of, nodes.views_of
+        self.nfwd, self.inputs = nodes.nfwd, nodes.inputs
+        self.up, self.down, self.near, self.cands = nodes.up, nodes.down, nodes.near, nodes.cands
+        self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
+        self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}
+        self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
+        self.rescored = 0                    # evictions that scored beyond the bound
+        self.rescore = RESCORE
+        self.with_extras = frozenset(j for j in range(1, graph.n)
+                                     if graph.layers[j].saved_extra_bytes
+                                     and j not in graph.multi_result)
         self.views = graph.views
-        # the evicted neighbourhoods (union-find classes over the evicted layers)
-        self.classes = Classes(self.near, self.fwd, self.lowered, self.scored)
-        self.evicted = self.classes.evicted
+        # the evicted storage nodes: what the regions are made of; those back since
+        # the last choice, whose bounds are still to lower (settle)
+        self.evicted: set[int] = set()
+        self.returned: list[int] = []
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
         # an op log (forward-only): never, as in simrd, where a released tensor stays
         # evicted, and counts, for good.  Otherwise once nothing can be recomputed
@@ -180,12 +187,12 @@ class Planner(Chooser):
         if keep_released is None:
             keep_released = bool(graph.trace.source.get("forward_only"))
         if keep_released:
-            self.horizon = [math.inf] * graph.n
+            self.horizon = [math.inf] * len(self.nfwd)
         else:
             last = graph.last_use
             self.horizon = [max([last.get(("X", j), -1)]
                                 + [last.get(("X", c), -1) for c in graph.consumers[j]])
-                            for j in range(graph.n)]
+                            for j in self.layer_of]
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
@@ -198,49 +205,105 @@ class Planner(Chooser):
                     P[slot[u]] = math.inf
 
     def unpin(self, ts) -> None:
-        pins, storage, slot, P = self.pins, self.storage, self.pool.slot, self.pool.P
+        pins, storage, slot = self.pins, self.storage, self.pool.slot
         for t in ts:
             for u in (t,) + storage.get(t, ()):
                 c = pins[u] - 1
                 pins[u] = c
                 if not c and u in slot:
-                    P[slot[u]] = 0.0
+                    self.pool.unpinned(slot[u])
 
     def mark_evicted(self, j: int) -> None:
-        """X_j leaves the device: it joins (and merges) its evicted neighbours' classes."""
-        if j not in self.classes.evicted:
-            self.classes.add(j)
+        """Node j leaves the device: it joins the regions of those that reach it
+        (their cached bounds stay lower bounds: regions only grow)."""
+        if j not in self.evicted:
+            self.evicted.add(j)
             self.expiry.setdefault(self.horizon[j], []).append(j)
 
+    def bound_near(self, t: Tensor) -> None:
+        """Candidate ``t``'s cached cost: its own time plus its evicted neighbours'
+        (they are in its regions), a lower bound of its cost until one comes back."""
+        nd, ev, nfwd = self.cand_node[t], self.evicted, self.nfwd
+        self.pool.cached(self.pool.slot[t], nfwd[nd] + sum(
+            nfwd[k] for k in (self.up[nd] if t[0] == "S" else self.near[nd]) if k in ev))
+
     def unmark_evicted(self, j: int) -> None:
-        """X_j is back (recomputed) or no longer needed: out of its class."""
-        self.classes.remove(j)
+        """Node j is back (recomputed) or no longer needed: out of the regions now;
+        the bounds of the candidates whose regions held it are lowered before the
+        next choice (:meth:`settle`)."""
+        if j in self.evicted:
+            self.evicted.discard(j)
+            self.returned.append(j)
 
-    def cost(self, j: int, nb) -> float:
-        """Forward time of layer j plus that of every evicted class next to it
-        through ``nb`` (its inputs and consumers, or only its inputs for saved
-        extras); ``inf`` if together they have more than ``chain`` layers."""
-        ms, members = self.classes.cost(j, nb)
-        if members and 1 + members > self.chain:
-            return math.inf
-        return self.fwd[j] + ms
-
-    def scored(self, j: int) -> bool:
-        return self.in_pool[j] > 0
-
-    def lowered(self, layers, by: float | None) -> None:
-        """The neighbourhood cost of ``layers``' tensors dropped by up to all of it
-        (``by`` None), or every tensor's by up to ``by`` ms: the cached lower
-        bounds follow."""
-        pool = self.pool
-        if by is not None:
-            pool.drop_all(by)
+    def settle(self) -> None:
+        """Lower the cached bounds for the nodes back since the last choice, in one
+        search from all of them through the evicted and the returned nodes (a
+        region that held a returned node held it through nodes evicted now or
+        returned since).  Those reached upwards (their downward regions held a
+        returned node) lose at most the returned nodes and what the search finds
+        below them, and vice versa; their bounds drop by that much, or to their
+        own time plus their evicted neighbours', whichever is more."""
+        back = self.returned
+        if not back:
             return
-        cands, slot = self.cands, pool.slot
-        for k in layers:
-            for t in cands[k]:
-                if t in slot:
-                    pool.reset(slot[t])
+        ev, cands, pool, nfwd = self.evicted, self.cands, self.pool, self.nfwd
+        slot, K, F = pool.slot, pool.K, pool.F
+        gone = set(back)
+        back.clear()
+        back_ms = sum(nfwd[j] for j in gone)
+        mine = [j for j in gone if cands[j]]   # returned, resident again: theirs too
+        reached, mass = [], []
+        for links in (self.up, self.down):
+            seen, stack, found, ms = set(gone), list(gone), list(mine), 0.0
+            while stack:
+                for q in links[stack.pop()]:
+                    if q not in seen:
+                        seen.add(q)
+                        if cands[q]:
+                            found.append(q)
+                        if q in ev:
+                            stack.append(q)
+                            ms += nfwd[q]
+            reached.append(found)
+            mass.append(ms)
+        for found, loss in zip(reached, (back_ms + mass[1], back_ms + mass[0])):
+            for q in found:
+                for t in cands[q]:
+                    if t in slot:
+                        i = slot[t]
+                        low = K[i] - loss
+                        if low > F[i]:
+                            K[i] = low
+                        else:
+                            self.bound_near(t)
+                            K[i] = max(K[i], low)
+
+    def cost(self, j: int, both: bool = True) -> float:
+        """DTR's e* cost of node j: its forward time plus that of every evicted
+        node it reaches through evicted nodes upwards (the evicted ancestors a
+        recompute of it would need) and, with ``both``, downwards (the evicted
+        descendants that would need it), as simrd's two regions; ``inf`` if they
+        have more than ``chain`` layers."""
+        ev = self.evicted
+        total = self.nfwd[j]
+        count = 0
+        nfwd = self.nfwd
+        for links in ((self.up, self.down) if both else (self.up,)):
+            stack = [k for k in links[j] if k in ev]
+            if not stack:
+                continue
+            seen = set(stack)
+            while stack:
+                k = stack.pop()
+                total += nfwd[k]
+                for q in links[k]:
+                    if q in ev and q not in seen:
+                        seen.add(q)
+                        stack.append(q)
+            count += len(seen)
+        if count and 1 + count > self.chain:
+            return math.inf
+        return total
 
     def make_room(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
@@ -265,7 +328,7 @@ class Planner(Chooser):
             self.kept_data.add(t)   # freed at the end of the route (plan_dtr_ops)
             return
         res = self.resident
-        del res[t]
+        self.stamps[t] = res.pop(t)
         self.level -= self.g.size(t)
         self.ops.append(Free(t))
         j = t[1]
@@ -276,40 +339,103 @@ class Planner(Chooser):
                 self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
-            self.in_pool[j] -= 1
         if t[0] not in ("S", "G", "P"):
             for v in self.views[j]:   # a view goes with its storage
                 if ("X", v) in res:
                     self.free(("X", v))
-            if t[0] == "X" and j and self.horizon[j] > self.pos:
+            nd = self.node_of.get(t)
+            if nd is not None and j and j not in self.views_of and self.horizon[nd] > self.pos:
                 # evicted, or freed while a consumer's output may still be recomputed
                 # through it: part of the evicted neighbourhoods until then
-                self.mark_evicted(j)
+                self.mark_evicted(nd)
+
+    def view_stays(self, t: Tensor) -> bool:
+        """A view the program releases while its storage is resident stays (it has
+        no bytes; simrd's alias tensor stays defined until its storage goes)."""
+        return t[1] in self.views_of and t[0] == "X" and any(
+            u in self.resident for u in self.storage[t])
 
     def compute(self, step: Step) -> None:
-        """Run a route step, first recomputing what it needs that is missing."""
-        needs = self.g.needs(step)
-        self.entry = self.clock   # what this step's recomputes read is stamped now
-        self.pin(needs)
-        missing = [t for t in needs if t not in self.resident]
-        if missing:
-            self.remat(missing)
-        if self.reason is None:
-            self._run(step)
-        if self.reason is None:   # else planning stops here, pins and all
-            self.unpin(needs)
-
-    def _run(self, step: Step) -> None:
-        g = self.g
-        needs, allocs = g.needs(step), g.allocs(step)
-        self.pin(allocs)
+        """Run a route step the way simrd's ``_materialize`` does, as an explicit
+        stack of frames (recompute chains can be deep): a frame stamps all its
+        step's inputs, pins the resident ones, then makes each missing one in
+        order (a frame of its own for the layer that makes it, depth first) and
+        pins it once it is there; then it makes room, runs, and unpins its
+        inputs.  So only the inputs of the frames under way are pinned: a
+        missing input's whole chain is recomputed before the next missing input
+        is looked at, and what a chain made is not pinned after its consumer
+        ran."""
         res = self.resident
-        new = [t for t in allocs if t not in res]
+        stack = [self._enter(step, ("X", step[1]))]
+        while stack:
+            frame = stack[-1]
+            s, needs, missing, k, want = frame
+            while k < len(missing) and missing[k] in res:
+                self.pin((missing[k],))
+                k += 1
+            frame[3] = k
+            if k < len(missing):   # the layer that makes it: a frame above this one
+                stack.append(self._enter(("R", missing[k][1]), missing[k]))
+                continue
+            stack.pop()
+            self._run(s, want)
+            if self.reason is not None:
+                return   # planning stops here, pins and all
+            self.unpin(needs)
+            if s[0] == "R" and self.remat_ms > self.remat_limit_ms:
+                self.reason = (f"thrashing: recomputation {self.remat_ms:.3f} ms exceeds "
+                               f"{self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
+                return
+
+    def _enter(self, step: Step, want: Tensor) -> list:
+        """A frame for ``step``, made for tensor ``want``: its inputs stamped now
+        (an evicted one keeps the stamp for when it is back, as simrd's storage
+        does), the resident ones pinned; ``[step, needs, missing, next missing to
+        make, want]``."""
+        needs = self.g.needs(step)
+        res, stamps, storage, clock = self.resident, self.stamps, self.storage, self.clock
+        slot, A = self.pool.slot, self.pool.A
+        for t in needs:
+            for u in (t,) + storage.get(t, ()):   # a view's read stamps its storage
+                if u in res:
+                    res[u] = clock
+                    if u in slot:
+                        A[slot[u]] = clock
+                else:
+                    stamps[u] = clock
+        here = [t for t in needs if t in res]
+        self.pin(here)
+        if step[0] == "R":
+            j = step[1]
+            if ("X", j) in res and j in self.with_extras:
+                # saved extras evicted alone: the output goes too, the recompute
+                # re-makes both (an output is re-made in place only for an op with
+                # several results, docs/DESIGN.md "Op-log traces")
+                self.free(("X", j))
+        return [step, needs, [t for t in needs if t not in res], 0, want]
+
+    def _run(self, step: Step, want: Tensor) -> None:
+        """Make room for the step's results and run it (its inputs are resident
+        and pinned).  A recompute needs room for all of its op's results, as
+        simrd's does (the resident ones are made again and dropped after), and
+        its resident results are not pinned meanwhile: room may be made by
+        evicting them, and then they are made anew."""
+        g = self.g
+        allocs = g.allocs(step)
+        res = self.resident
         born = g.param_grad_bytes(step)   # set-to-none: resident from here on
-        self.make_room(sum(g.size(t) for t in new) + born + g.workspace_bytes(step), step)
+        if step[0] == "R":
+            need = sum(g.size(t) for t in allocs)
+        else:
+            need = sum(g.size(t) for t in allocs if t not in res)
+        self.make_room(need + born + g.workspace_bytes(step), step)
         if self.reason is not None:
-            self.unpin(allocs)
             return
+        # evictable in simrd's order: the op's other results, then the one it was
+        # run for (the order breaks ties between equal scores)
+        new = [t for t in allocs if t not in res and t != want]
+        if want in allocs and want not in res:
+            new.append(want)
         self.ops.append(Compute(*step))
         ms = g.step_ms(step)
         self.clock += ms
@@ -318,80 +444,29 @@ class Planner(Chooser):
             self.remat_ms += ms
             if self.owed.pop(step[1], 0):
                 self.owed_ms -= self.fwd[step[1]]
-        pool, nbytes, fwd, pins = self.pool, self.nbytes, self.fwd, self.pins
+        pool, nbytes, fwd, pins, stamps = self.pool, self.nbytes, self.fwd, self.pins, self.stamps
         clock = self.clock
+        # a route step's results are stamped when it ends; a recompute's keep the
+        # stamp they had (simrd stamps an input when a frame that reads it begins,
+        # and never a recompute's results)
+        fresh = step[0] != "R"
         for t in new:
+            last = clock if fresh else stamps.pop(t, clock)
+            res[t] = last
             self.level += g.size(t)
             if t in nbytes:
-                pool.add(t, clock, fwd[t[1]], nbytes[t], bool(pins.get(t)))
-                self.in_pool[t[1]] += 1
-            if t[0] == "X":
-                self.unmark_evicted(t[1])
-        slot, A = pool.slot, pool.A
-        # simrd stamps an op's inputs when it begins to make them ready, before
-        # recomputing any of them, and a recompute does not stamp its results: a
-        # step's inputs, and all that is recomputed for it, carry the clock at
-        # the step's start (exactly simrd's stamps along a linear chain)
-        before = self.entry
-        if step[0] == "R":
-            clock = before
-        for t in needs:
-            res[t] = before
-            if t in slot:
-                A[slot[t]] = before
-        for t in allocs:
-            res[t] = clock
-            if t in slot:
-                A[slot[t]] = clock
-        self.unpin(allocs)
-
-    def remat(self, missing: list[Tensor]) -> None:
-        """Recompute the layers that make ``missing`` and, through inputs that are
-        not resident, their ancestors, in forward order (iteratively: chains can
-        be long).  The chain's inputs from outside it are pinned for the whole
-        chain, each recomputed tensor until its last consumer in the chain has
-        run; what the chain made then stays resident, evictable (simrd), unless
-        ``keep_remat`` is off and the route no longer needs it."""
-        g, res = self.g, self.resident
-        todo: set[int] = set()
-        stack = [t[1] for t in missing]
-        while stack:
-            j = stack.pop()
-            if j in todo:
-                continue
-            todo.add(j)
-            stack.extend(t[1] for t in g.needs(("R", j)) if t not in res)
-        order = sorted(todo)
-        chain_in = [g.needs(("R", j)) for j in order]
-        users: dict[Tensor, int] = {}
-        by_layer: dict[int, list[Tensor]] = {}
-        for ins in chain_in:
-            for t in ins:
-                if t not in users:
-                    by_layer.setdefault(t[1], []).append(t)
-                users[t] = users.get(t, 0) + 1
-        self.pin([t for t, k in users.items() if t[1] not in todo for _ in range(k)])
-        last = g.last_use
-        for j, ins in zip(order, chain_in):
-            x = ("X", j)
-            if x in res and j in self.with_extras:
-                # saved extras evicted alone: the output goes too, the recompute
-                # re-makes both (an output is re-made in place only for an op with
-                # several results, docs/DESIGN.md "Op-log traces")
-                self.free(x)
-            self._run(("R", j))
-            if self.reason is not None:
-                return
-            self.pin([t for t in by_layer.get(j, ()) for _ in range(users[t])])
-            self.unpin(ins)
-            if not self.keep_remat:
-                for t in ins:
-                    if t in res and not self.pins.get(t) and last.get(t, -1) < self.pos:
-                        self.free(t)
-            if self.remat_ms > self.remat_limit_ms:
-                self.reason = (f"thrashing: recomputation {self.remat_ms:.3f} ms exceeds "
-                               f"{self.remat_limit_ms:.3f} ms, (limit - 1) x the compute")
-                return
+                pool.add(t, last, self.nfwd[self.cand_node[t]], nbytes[t], bool(pins.get(t)))
+            if t in self.node_of:
+                self.unmark_evicted(self.node_of[t])
+        for t in new:
+            if t in nbytes:   # a first bound: own time + the evicted neighbours'
+                self.bound_near(t)
+        if fresh:
+            slot, A = pool.slot, pool.A
+            for t in allocs:
+                res[t] = clock
+                if t in slot:
+                    A[slot[t]] = clock
 
 
 def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
@@ -438,7 +513,7 @@ def _run_route(graph: Graph, d: Planner) -> Planner:
             d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
             d.compute(step)
         for t in frees[p]:
-            if t in d.resident:
+            if t in d.resident and not d.view_stays(t):
                 d.free(t)
         for j in d.expiry.pop(p, ()):
             d.unmark_evicted(j)   # nothing left to recompute through it: out of its class

@@ -2,7 +2,7 @@
 
 A mixin of :class:`snsim.policies.dtr.Planner` (it reads the planner's pool,
 pins, clock, score and classes).  Every choice is a scan's (the smallest
-score; of equal ones the highest pool slot, or the last drawn of a sample),
+score; of equal ones the latest evictable, or the last drawn of a sample),
 found by branch and bound: every candidate's score is bounded below in one
 numpy pass (:meth:`snsim.policies.dtr_pool.Pool.bounds`, from a cached cost),
 and only candidates whose bound does not exceed the best exact score so far
@@ -24,8 +24,8 @@ class Chooser:
     def exact(self, t: Tensor) -> float:
         """The score of resident tensor ``t`` (``inf`` for a staleness of zero); its
         cost is kept as the pool's lower bound."""
-        j = t[1]
-        cost = self.cost(j, self.inputs[j] if t[0] == "S" else self.near[j])
+        j = self.cand_node[t]
+        cost = self.cost(j, t[0] != "S")
         i = self.pool.slot.get(t)
         if i is not None and cost < math.inf:
             self.pool.cached(i, cost)
@@ -92,6 +92,7 @@ class Chooser:
         whose bound is below the best exact score so far (branch and bound: the
         full scan's choice).  With ``sample`` and more than ``full_scan``
         candidates: the best of ``sample`` drawn uniformly (seeded)."""
+        self.settle()
         pool = self.pool
         n = len(pool)
         if not n:
@@ -104,21 +105,22 @@ class Chooser:
         lb = pool.bounds(self.score, self.clock)
         i = int(lb.argmin())
         low = lb[i]
-        if low == math.inf:   # all pinned or scoring inf: the last unpinned one, as a scan
+        E = pool.E
+        if low == math.inf:   # all pinned or scoring inf: the latest evictable, as a scan
             free = np.flatnonzero(pool.P[:n] == 0.0)
-            return pool.t[int(free[-1])] if len(free) else None
+            return pool.t[int(free[E[free].argmax()])] if len(free) else None
         h = self.exact(pool.t[i])
         # every slot whose bound does not exceed the best exact score found: the
-        # smallest score, of equal ones the highest slot (a scan's choice, so it
+        # smallest score, of equal ones the latest evictable (simrd's scan, so it
         # never depends on which costs happen to be cached)
         below = np.flatnonzero(lb <= h * (1.0 + 1e-9))
         if len(below) > 1 or h > low:
             self.rescored += 1
             if self.rescore is not None and len(below) > self.rescore:
                 below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
-            for k in np.sort(below)[::-1].tolist():   # high slots first: ties keep them
+            for k in below[np.argsort(-E[below])].tolist():   # latest first: ties keep them
                 if k != i and lb[k] <= h * (1.0 + 1e-9):
                     hk = self.exact(pool.t[k])
-                    if hk < h or (hk == h and k > i):
+                    if hk < h or (hk == h and E[k] > E[i]):
                         i, h = k, hk
         return pool.t[i]
