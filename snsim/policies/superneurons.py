@@ -24,10 +24,15 @@ pure compute time.
 Note 4 (prefetch distance).  The paper prefetches one checkpoint ahead; with
 PCIe copies of large early-layer tensors slower than one layer's compute, that
 leaves stalls the budget could have hidden.  This planner prefetches up to
-``AHEAD`` = 4 checkpoint steps ahead, as far as memory allows without evicting
-anything needed sooner (``utp`` keeps the paper's one).  On the K40c
-ResNet-50 trace at 3x the lower bound this takes time/compute from 1.187 to
-1.096.
+``AHEAD`` checkpoint steps ahead, as far as memory allows without evicting
+anything needed sooner (``utp`` keeps the paper's one), and plans each
+candidate at each distance of ``AHEAD`` (4 and 16), keeping the fastest: the
+best distance depends on the budget (the issue-15 comparison with ``optimal``
+found it).  On the K40c ResNet-50 b32 trace, time/compute at 1.05 / 2 / 3x the
+lower bound: 4 ahead 1.7064 / 1.1639 / 1.0895, 16 ahead 1.7602 / 1.1444 /
+1.0545 (and 1 ahead, the paper's: 1.7455 / 1.3116 / 1.1803).  Above
+``WIDE_LIMIT`` layers only the first distance is planned (on ResNet-2500 the
+second gained <= 0.2% for twice the planning time).
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ from snsim.policies.utp import checkpoint_cache
 from snsim.schedule.ops import Schedule
 
 CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
-# Prefetch distance in checkpoint steps (note 4).
-AHEAD = 4
+# Prefetch distances in checkpoint steps, each planned (note 4).
+AHEAD = (4, 16)
+WIDE_LIMIT = 4000
 
 
 class _Plan(NamedTuple):
@@ -60,14 +66,14 @@ class _Plan(NamedTuple):
     reason: str | None
 
 
-def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
+def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool], ahead: int = AHEAD[0]):
     """Ops, stats and shortfall reason of one candidate plan."""
     if kind == "cache-only":
         seq, seg_stats = list(graph.route), {}
     else:
         speed, seg_stats = segment_modes(graph, keep, "cost" if kind == "cost-aware" else "memory")
         seq = sequences.recompute_sequence(graph, keep, speed)
-    cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True, ahead=AHEAD)
+    cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True, ahead=ahead)
     ops = cache.run()
     return ops, {**seg_stats, **cache.stats()}, cache.reason
 
@@ -79,25 +85,29 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
     cap = ctx.capacity_bytes
     keep = layers.checkpoints(g)
     best: _Plan | None = None
+    aheads = AHEAD if g.n <= WIDE_LIMIT else AHEAD[:1]
     for kind in CANDIDATES:
         if kind == "memory-centric" and best.reason is None:
             break   # only when nothing fits: it never ran faster than cost-aware (note 3)
-        ops, stats, reason = candidate(g, cap, kind, keep)
-        if reason is None and kind == "cache-only" and stats["evictions"] == 0:
-            best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
-            break
-        if kind == "cache-only" and any(g.bwd_released(("B", i)) is not None
-                                        for i in range(g.n)):
-            live = plan_liveness(PlanContext(g)).ops
-            if replay.fits(g, live, cap):
-                # liveness fits once its backward steps hand their dying reads to
-                # autograd (bwd_released), which the cache's step-by-step check
-                # cannot count on: pure compute
-                best = _Plan(0.0, "liveness", live, {"evictions": 0}, None)
+        for ahead in aheads:
+            ops, stats, reason = candidate(g, cap, kind, keep, ahead)
+            if reason is None and kind == "cache-only" and stats["evictions"] == 0:
+                best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
                 break
-        ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
-        if best is None or ms < best.ms:   # the first infeasible one if none fits
-            best = _Plan(ms, kind, ops, stats, reason)
+            if kind == "cache-only" and ahead == aheads[0] and any(g.bwd_released(("B", i)) is not None
+                                            for i in range(g.n)):
+                live = plan_liveness(PlanContext(g)).ops
+                if replay.fits(g, live, cap):
+                    # liveness fits once its backward steps hand their dying reads to
+                    # autograd (bwd_released), which the cache's step-by-step check
+                    # cannot count on: pure compute
+                    best = _Plan(0.0, "liveness", live, {"evictions": 0}, None)
+                    break
+            ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
+            if best is None or ms < best.ms:   # the first infeasible one if none fits
+                best = _Plan(ms, kind, ops, {**stats, "ahead": ahead}, reason)
+        if best.ms == 0.0:
+            break
     stats = {"plan": best.kind, **best.stats}
     if 0 < best.ms < math.inf:
         stats["estimated_ms"] = round(best.ms, 6)
