@@ -24,10 +24,46 @@ pure compute time.
 Note 4 (prefetch distance).  The paper prefetches one checkpoint ahead; with
 PCIe copies of large early-layer tensors slower than one layer's compute, that
 leaves stalls the budget could have hidden.  This planner prefetches up to
-``AHEAD`` = 4 checkpoint steps ahead, as far as memory allows without evicting
-anything needed sooner (``utp`` keeps the paper's one).  On the K40c
-ResNet-50 trace at 3x the lower bound this takes time/compute from 1.187 to
-1.096.
+``AHEAD`` checkpoint steps ahead, as far as memory allows without evicting
+anything needed sooner (``utp`` keeps the paper's one), and plans each
+candidate at each distance of ``AHEAD`` (4 and 16), keeping the fastest: the
+best distance depends on the budget (the issue-15 comparison with ``optimal``
+found it).  On the K40c ResNet-50 b32 trace, time/compute at 1.05 / 2 / 3x the
+lower bound: 4 ahead 1.7064 / 1.1639 / 1.0895, 16 ahead 1.7602 / 1.1444 /
+1.0545 (and 1 ahead, the paper's: 1.7455 / 1.3116 / 1.1803).  Above
+``WIDE_LIMIT`` layers only the first distance is planned (on ResNet-2500 the
+second gained <= 0.2% for twice the planning time).
+
+Note 5 (cache size).  An LRU cache given more memory evicts later, and a later
+eviction can land where the copy engines are busier: on the K40c
+Inception-v4 b16 trace this planner was slower at 1.10x the lower bound
+(1.1278 x compute) than at 1.05x (1.1013).  Each candidate is therefore also
+planned with a cache of ``SHARES`` of the budget (97%; a plan that fits a
+smaller budget fits this one) and timed under the real one: 1.10x -> 1.0959,
+1.25x 1.0872 -> 1.0686.  Above ``WIDE_LIMIT`` layers only the whole budget.
+
+Note 6 (how much cost-aware recomputation).  Note 3's choice is all or
+nothing; where memory is short only in part of the network, recomputing every
+segment pays compute for memory the budget had (K40c ResNet-50 b32 at 3x the
+lower bound: no stall at all, the whole 4.8% over compute is 20 ms of
+recomputation; Inception-v4 b16 at 2x likewise).  The largest activations of
+these networks come first, so cost-aware recomputation is also planned for
+only the segments starting in the first ``UNTIL`` share of the layers (half,
+a quarter), the later ones going to the tensor cache like checkpoints.
+ResNet-50 b32 time/compute at 1.05 / 1.5 / 2 / 3x: 1.7064 / 1.2518 / 1.1444 /
+1.0545 -> 1.6939 / 1.2394 / 1.1319 / 1.0288 (``stats["recompute_until"]``).
+Above ``WIDE_LIMIT`` layers only all segments.
+
+Note 7 (checkpoints by cost).  SuperNeurons' checkpoints are by kind: a conv
+layer is never recomputed, however cheap.  ``optimal``'s plan for VGG-16 b32
+at 1.10x the lower bound recomputed the first conv (3 input channels: its
+recomputation takes 4 ms, copying its 392 MB output back 31 ms) and ran
+1.03% faster than this planner.  So cost-aware recomputation is also planned
+with :func:`cheap_checkpoints`: a conv layer (one consumer) whose
+recomputation is faster than copying its output back to the device is not a
+checkpoint.  K40c time/compute: VGG-16 b32 1.05x 1.0316 -> 1.0167 (below the
+MILP's 1.0210), ResNet-50 b32 1.05 / 1.5 / 2x 1.6939 / 1.2394 / 1.1319 ->
+1.5719 / 1.1093 / 1.0879.  Above ``WIDE_LIMIT`` layers only by kind.
 """
 
 from __future__ import annotations
@@ -48,8 +84,18 @@ from snsim.policies.utp import checkpoint_cache
 from snsim.schedule.ops import Schedule
 
 CANDIDATES = ("cache-only", "cost-aware", "memory-centric")
-# Prefetch distance in checkpoint steps (note 4).
-AHEAD = 4
+# Prefetch distances in checkpoint steps, each planned (note 4).
+AHEAD = (4, 16)
+# Cache sizes planned, as shares of the budget (note 5).
+SHARES = (1.0, 0.97)
+# Cost-aware recomputation of the segments starting in this share of the
+# forward layers (1.0: all), each planned (note 6).
+UNTIL = (1.0, 0.5, 0.25)
+# Above this many layers only the first distance, the whole budget and all
+# segments are planned (12 plans instead of 2 cost ~6x the planning: 2.15 s on
+# a 4,000-layer ResNet at 1.05x; the shipped traces but ResNet-2500 have <= 516
+# layers, and the scaling benchmark's depths start at 1,000).
+WIDE_LIMIT = 600
 
 
 class _Plan(NamedTuple):
@@ -60,14 +106,43 @@ class _Plan(NamedTuple):
     reason: str | None
 
 
-def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool]):
-    """Ops, stats and shortfall reason of one candidate plan."""
+def early_only(graph: Graph, keep: list[bool], until: float) -> list[bool]:
+    """``keep`` with the segments that start at or after ``until`` x the layer
+    count kept too (not recomputed: their outputs go to the tensor cache)."""
+    keep = list(keep)
+    segs, _ = layers.segments(graph, keep)
+    for seg in segs:
+        if min(seg) >= until * graph.n:
+            for i in seg:
+                keep[i] = True
+    return keep
+
+
+def cheap_checkpoints(graph: Graph, keep: list[bool]) -> list[bool]:
+    """``keep`` less the conv layers with one consumer whose recomputation (its
+    least-workspace algorithm) takes less time than copying their output back
+    (note 7)."""
+    h2d_ms = 1e3 / graph.trace.device.h2d_Bps
+    keep = list(keep)
+    for i, layer in enumerate(graph.layers):
+        if (keep[i] and layer.kind == "conv" and len(graph.consumers[i]) <= 1
+                and i < graph.n - 1
+                and graph.step_ms(("R", i), 0) < layer.output_bytes * h2d_ms):
+            keep[i] = False
+    return keep
+
+
+def candidate(graph: Graph, capacity: int, kind: str, keep: list[bool], ahead: int = AHEAD[0],
+              until: float = 1.0):
+    """Ops, stats and shortfall reason of one candidate plan (``until``: note 6)."""
     if kind == "cache-only":
         seq, seg_stats = list(graph.route), {}
     else:
+        if until < 1.0:
+            keep = early_only(graph, keep, until)
         speed, seg_stats = segment_modes(graph, keep, "cost" if kind == "cost-aware" else "memory")
         seq = sequences.recompute_sequence(graph, keep, speed)
-    cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True, ahead=AHEAD)
+    cache = checkpoint_cache(graph, seq, capacity, dyn_ws=True, ahead=ahead)
     ops = cache.run()
     return ops, {**seg_stats, **cache.stats()}, cache.reason
 
@@ -79,25 +154,43 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
     cap = ctx.capacity_bytes
     keep = layers.checkpoints(g)
     best: _Plan | None = None
+    wide = g.n <= WIDE_LIMIT
+    tries = [(share, ahead) for share in (SHARES if wide else SHARES[:1])
+             for ahead in (AHEAD if wide else AHEAD[:1])]
     for kind in CANDIDATES:
         if kind == "memory-centric" and best.reason is None:
             break   # only when nothing fits: it never ran faster than cost-aware (note 3)
-        ops, stats, reason = candidate(g, cap, kind, keep)
-        if reason is None and kind == "cache-only" and stats["evictions"] == 0:
-            best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
-            break
-        if kind == "cache-only" and any(g.bwd_released(("B", i)) is not None
-                                        for i in range(g.n)):
-            live = plan_liveness(PlanContext(g)).ops
-            if replay.fits(g, live, cap):
-                # liveness fits once its backward steps hand their dying reads to
-                # autograd (bwd_released), which the cache's step-by-step check
-                # cannot count on: pure compute
-                best = _Plan(0.0, "liveness", live, {"evictions": 0}, None)
+        untils = UNTIL if kind == "cost-aware" and wide else (1.0,)
+        keeps = [(False, keep)]
+        if kind == "cost-aware" and wide:
+            cheap = cheap_checkpoints(g, keep)
+            if cheap != keep:
+                keeps.append((True, cheap))
+        for by_cost, kp, share, ahead, until in [(c, k, s, a, u) for c, k in keeps
+                                                 for u in untils for s, a in tries]:
+            ops, stats, reason = candidate(g, int(cap * share), kind, kp, ahead, until)
+            if reason is None and kind == "cache-only" and stats["evictions"] == 0:
+                best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
                 break
-        ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
-        if best is None or ms < best.ms:   # the first infeasible one if none fits
-            best = _Plan(ms, kind, ops, stats, reason)
+            if kind == "cache-only" and (share, ahead) == tries[0] and any(
+                    g.bwd_released(("B", i)) is not None for i in range(g.n)):
+                live = plan_liveness(PlanContext(g)).ops
+                if replay.fits(g, live, cap):
+                    # liveness fits once its backward steps hand their dying reads to
+                    # autograd (bwd_released), which the cache's step-by-step check
+                    # cannot count on: pure compute
+                    best = _Plan(0.0, "liveness", live, {"evictions": 0}, None)
+                    break
+            if reason is not None and share < 1.0:
+                continue   # a smaller cache that does not fit says nothing about this budget
+            ms = math.inf if reason else replay.estimate_ms(g, ops, cap)
+            if best is None or ms < best.ms:   # the first infeasible one if none fits
+                more = {"ahead": ahead, **({"cache_share": share} if share < 1.0 else {}),
+                        **({"recompute_until": until} if until < 1.0 else {}),
+                        **({"checkpoints": "by cost"} if by_cost else {})}
+                best = _Plan(ms, kind, ops, {**stats, **more}, reason)
+        if best.ms == 0.0:
+            break
     stats = {"plan": best.kind, **best.stats}
     if 0 < best.ms < math.inf:
         stats["estimated_ms"] = round(best.ms, 6)
