@@ -173,19 +173,11 @@ class Moments:
         h2d = 1e3 / g.trace.device.h2d_Bps
         # d2h: what is on the host by M was copied after it was made (one row per
         # release time, through running sums of the bytes made at or after it)
-        acc = None
         by_ready: dict = {}
         for t in kv:
             by_ready.setdefault(self.ready[t], []).append(t)
-        for q in sorted(by_ready, reverse=True):
-            a = m.var(0.0, math.inf, integer=False)
-            terms = {a: 1.0}
-            add(terms, acc, -1.0)
-            for t in by_ready[q]:
-                add(terms, wv[t], -g.size(t) * d2h)
-            m.row(terms, 0.0, 0.0)
+        for q, a in running_sums(m, g, by_ready, sorted(by_ready, reverse=True), wv, d2h):
             m.row({M: 1.0, a: -1.0}, lo=q)
-            acc = a
         # compute after M: step u on, and every recomputation
         terms = {Z: 1.0, M: -1.0}
         for j, r in rv.items():
@@ -196,17 +188,9 @@ class Moments:
         by_first: dict = {}
         for t in pend:
             by_first.setdefault(next(k for k in self.reads[t] if k > u), []).append(t)
-        acc = None
-        for v in sorted(by_first):
-            a = m.var(0.0, math.inf, integer=False)
-            terms = {a: 1.0}
-            add(terms, acc, -1.0)
-            for t in by_first[v]:
-                add(terms, wv[t], -g.size(t) * h2d)
-            m.row(terms, 0.0, 0.0)
+        for v, a in running_sums(m, g, by_first, sorted(by_first), wv, h2d):
             m.row({Z: 1.0, M: -1.0, a: -1.0},
                   lo=self.c[u] + self.prefix[K] - self.prefix[v] + self.opt_ms)
-            acc = a
         terms = {Z: 1.0, M: -1.0}
         for t in kv:
             add(terms, wv[t], -g.size(t) * h2d)
@@ -260,3 +244,19 @@ def moment_bound(g: Graph, cap: int, seconds: float = 10.0, exact: int = 8,
         stats["moment_step"] = None if where is None else g.step_label(g.route[where])
         stats["moment_s"] = round(time.perf_counter() - t0, 3)
     return best
+
+
+def running_sums(m: Milp, g: Graph, groups: dict, keys, wv: dict, ms_per_byte: float):
+    """Per key of ``keys`` in order, a continuous variable equal to the copy time
+    (``ms_per_byte`` x bytes, each tensor's by its binary in ``wv``) of the
+    groups up to it: (key, variable), its defining row added before it is yielded."""
+    acc = None
+    for q in keys:
+        a = m.var(0.0, math.inf, integer=False)
+        terms = {a: 1.0}
+        add(terms, acc, -1.0)
+        for t in groups[q]:
+            add(terms, wv[t], -g.size(t) * ms_per_byte)
+        m.row(terms, 0.0, 0.0)
+        yield q, a
+        acc = a
