@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -49,26 +48,39 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(path)
     folder = check_writable(target)
+    made: list[Path] = []
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp",
-                                   dir=folder)
-    except OSError as exc:
-        raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
-    tmp_path = Path(tmp)
-    try:  # from here on an interrupt (Ctrl-C) removes the temporary file too
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give a normal file's mode
+        tmp_path = _create_new(target, folder, target.suffix or ".tmp", made)
         yield tmp_path
         try:
             os.replace(tmp_path, target)
         except OSError as exc:
             raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        for p in made:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
         raise
+
+
+def _create_new(target: Path, folder: Path, suffix: str, made: list[Path]) -> Path:
+    """A new empty file ``.NAME.RANDOM{suffix}`` in ``folder`` (a normal file's mode:
+    0666 less the umask).  Its name is appended to ``made`` before the file exists,
+    so a caller's cleanup finds it whenever an interrupt (Ctrl-C) lands: mkstemp
+    returned the name only after creating the file, and a KeyboardInterrupt in
+    between left it behind."""
+    for _ in range(100):
+        name = folder / f".{target.name}.{os.urandom(6).hex()}{suffix}"
+        made.append(name)
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return name
+        except FileExistsError:
+            made.pop()   # not ours
+        except OSError as exc:
+            made.pop()
+            raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
+    raise SnsimError(f"cannot write {target}: no free temporary name in {folder}")
 
 
 def check_writable(path: str | os.PathLike) -> Path:
@@ -82,14 +94,13 @@ def check_writable(path: str | os.PathLike) -> Path:
         raise SnsimError(f"cannot write {target}: folder {folder} does not exist")
     if target.is_dir():
         raise SnsimError(f"cannot write {target}: it is a folder")
+    made: list[Path] = []
     try:  # the only sure test: create (and remove) a file there
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
-    except OSError as exc:
-        raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
-    try:
-        os.close(fd)
-    finally:  # an interrupt here leaves no probe behind
-        os.unlink(probe)
+        _create_new(target, folder, ".probe", made)
+    finally:  # an interrupt leaves no probe behind
+        for p in made:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
     return folder
 
 
