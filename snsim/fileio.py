@@ -57,9 +57,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         except OSError as exc:
             raise SnsimError(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
-        for p in made:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        _remove(made)
         raise
 
 
@@ -83,6 +81,13 @@ def _create_new(target: Path, folder: Path, suffix: str, made: list[Path]) -> Pa
     raise SnsimError(f"cannot write {target}: no free temporary name in {folder}")
 
 
+def _remove(paths: list[Path]) -> None:
+    """Remove the files :func:`_create_new` named (those it never made are absent)."""
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
 def check_writable(path: str | os.PathLike) -> Path:
     """The folder ``path`` would be written in; :class:`SnsimError` if it cannot be.
 
@@ -98,9 +103,7 @@ def check_writable(path: str | os.PathLike) -> Path:
     try:  # the only sure test: create (and remove) a file there
         _create_new(target, folder, ".probe", made)
     finally:  # an interrupt leaves no probe behind
-        for p in made:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        _remove(made)
     return folder
 
 

@@ -165,7 +165,7 @@ class Planner(Chooser):
                     self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
         nodes = StorageNodes(graph, self.storage)
         self.node_of, self.layer_of, self.views_of = nodes.node_of, nodes.layer_of, nodes.views_of
-        self.nfwd, self.inputs = nodes.nfwd, nodes.inputs
+        self.nfwd = nodes.nfwd
         self.up, self.down, self.near, self.cands = nodes.up, nodes.down, nodes.near, nodes.cands
         self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
         self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}

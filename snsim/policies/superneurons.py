@@ -68,6 +68,7 @@ MILP's 1.0210), ResNet-50 b32 1.05 / 1.5 / 2x 1.6939 / 1.2394 / 1.1319 ->
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
@@ -166,8 +167,7 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
             cheap = cheap_checkpoints(g, keep)
             if cheap != keep:
                 keeps.append((True, cheap))
-        for by_cost, kp, share, ahead, until in [(c, k, s, a, u) for c, k in keeps
-                                                 for u in untils for s, a in tries]:
+        for (by_cost, kp), until, (share, ahead) in itertools.product(keeps, untils, tries):
             ops, stats, reason = candidate(g, int(cap * share), kind, kp, ahead, until)
             if reason is None and kind == "cache-only" and stats["evictions"] == 0:
                 best = _Plan(0.0, kind, ops, stats, None)   # liveness fits: pure compute
