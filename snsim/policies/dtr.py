@@ -105,6 +105,10 @@ SAMPLE = 256
 # scan's choice).  An approximation kept for experiments; off by default.
 RESCORE = None
 
+# A settle (lowering cached bounds after recomputations) searches at most this
+# many evicted nodes; beyond, every cached bound falls back to the neighbours'.
+SETTLE_LIMIT = 256
+
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
 Heuristic = Callable[[float, int, float], float]
 HEURISTICS: dict[str, Heuristic] = {
@@ -112,6 +116,12 @@ HEURISTICS: dict[str, Heuristic] = {
     "lru": lambda cost, size, stale: 1.0 / stale,
     "size": lambda cost, size, stale: 1.0 / size,
     "msps": lambda cost, size, stale: cost / size,
+}
+# per heuristic whose score grows with the cost: the cost at which a candidate of
+# that size and staleness scores ``h`` (a search for its cost may stop beyond it)
+COST_AT: dict[Heuristic, Callable[[float, float, float], float]] = {
+    HEURISTICS["dtr"]: lambda h, size, stale: h * size * stale,
+    HEURISTICS["msps"]: lambda h, size, stale: h * size,
 }
 
 
@@ -127,7 +137,8 @@ class Planner(Chooser):
     def __init__(self, graph: Graph, capacity: int, score: Heuristic,
                  sample: int | None = SAMPLE, chain: int | None = None, seed: int = 0,
                  thrash_limit: float = THRASH,
-                 full_scan: int = FULL_SCAN, keep_released: bool | None = None):
+                 full_scan: int = FULL_SCAN, keep_released: bool | None = None,
+                 settle_limit: int = SETTLE_LIMIT):
         self.g, self.cap, self.score, self.sample = graph, capacity, score, sample
         self.full_scan = full_scan
         self.chain = math.inf if chain is None else chain
@@ -171,6 +182,11 @@ class Planner(Chooser):
         self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
         self.rescored = 0                    # evictions that scored beyond the bound
+        # the cost at which a candidate's score reaches a given one (None: the score
+        # does not grow with the cost, searches are never cut short)
+        self.cost_at = COST_AT.get(score)
+        self.settle_limit = settle_limit
+        self.settle_resets = 0               # settles cut short: bounds back to N
         self.rescore = RESCORE
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
@@ -219,13 +235,27 @@ class Planner(Chooser):
         if j not in self.evicted:
             self.evicted.add(j)
             self.expiry.setdefault(self.horizon[j], []).append(j)
+            self.near_bounds(j, 1.0)
 
+    def near_bounds(self, j: int, sign: float) -> None:
+        """Node j was evicted (+1) or came back (-1): the neighbours' bound (the
+        pool's ``N``: own time plus the evicted neighbours') of each resident
+        candidate next to it moves by its time (a saved extra's counts only
+        the nodes its op reads)."""
+        ms = sign * self.nfwd[j]
+        slot, N, cands, up = self.pool.slot, self.pool.N, self.cands, self.up
+        for q in self.near[j]:
+            for t in cands[q]:
+                i = slot.get(t)
+                if i is not None and (t[0] != "S" or j in up[q]):
+                    N[i] += ms
     def bound_near(self, t: Tensor) -> None:
-        """Candidate ``t``'s cached cost: its own time plus its evicted neighbours'
-        (they are in its regions), a lower bound of its cost until one comes back."""
+        """Candidate ``t``'s neighbours' bound (``N``): its own time plus its
+        evicted neighbours' (they are in its regions), kept up to date by
+        :meth:`near_bounds` from here on."""
         nd, ev, nfwd = self.cand_node[t], self.evicted, self.nfwd
-        self.pool.cached(self.pool.slot[t], nfwd[nd] + sum(
-            nfwd[k] for k in (self.up[nd] if t[0] == "S" else self.near[nd]) if k in ev))
+        self.pool.N[self.pool.slot[t]] = nfwd[nd] + sum(
+            nfwd[k] for k in (self.up[nd] if t[0] == "S" else self.near[nd]) if k in ev)
 
     def unmark_evicted(self, j: int) -> None:
         """Node j is back (recomputed) or no longer needed: out of the regions now;
@@ -234,6 +264,7 @@ class Planner(Chooser):
         if j in self.evicted:
             self.evicted.discard(j)
             self.returned.append(j)
+            self.near_bounds(j, -1.0)
 
     def settle(self) -> None:
         """Lower the cached bounds for the nodes back since the last choice, in one
@@ -241,18 +272,22 @@ class Planner(Chooser):
         region that held a returned node held it through nodes evicted now or
         returned since).  Those reached upwards (their downward regions held a
         returned node) lose at most the returned nodes and what the search finds
-        below them, and vice versa; their bounds drop by that much, or to their
-        own time plus their evicted neighbours', whichever is more."""
+        below them, and vice versa; their bounds drop by that much (the
+        neighbours' bound ``N`` stays under them).  A search past
+        ``settle_limit`` evicted nodes stops, and every cached bound falls back
+        to ``N`` (deep in thrashing, where every eviction would search most of
+        the network again)."""
         back = self.returned
         if not back:
             return
         ev, cands, pool, nfwd = self.evicted, self.cands, self.pool, self.nfwd
-        slot, K, F = pool.slot, pool.K, pool.F
+        slot, K = pool.slot, pool.K
         gone = set(back)
         back.clear()
         back_ms = sum(nfwd[j] for j in gone)
         mine = [j for j in gone if cands[j]]   # returned, resident again: theirs too
         reached, mass = [], []
+        budget = self.settle_limit
         for links in (self.up, self.down):
             seen, stack, found, ms = set(gone), list(gone), list(mine), 0.0
             while stack:
@@ -264,26 +299,27 @@ class Planner(Chooser):
                         if q in ev:
                             stack.append(q)
                             ms += nfwd[q]
+                            budget -= 1
+                if budget < 0:
+                    self.settle_resets += 1
+                    K[:len(pool)] = 0.0
+                    return
             reached.append(found)
             mass.append(ms)
         for found, loss in zip(reached, (back_ms + mass[1], back_ms + mass[0])):
             for q in found:
                 for t in cands[q]:
                     if t in slot:
-                        i = slot[t]
-                        low = K[i] - loss
-                        if low > F[i]:
-                            K[i] = low
-                        else:
-                            self.bound_near(t)
-                            K[i] = max(K[i], low)
+                        K[slot[t]] -= loss
 
-    def cost(self, j: int, both: bool = True) -> float:
+    def cost(self, j: int, both: bool = True, limit: float = math.inf) -> float:
         """DTR's e* cost of node j: its forward time plus that of every evicted
         node it reaches through evicted nodes upwards (the evicted ancestors a
         recompute of it would need) and, with ``both``, downwards (the evicted
         descendants that would need it), as simrd's two regions; ``inf`` if they
-        have more than ``chain`` layers."""
+        have more than ``chain`` layers.  The search stops once the sum exceeds
+        ``limit``: the partial sum (above ``limit``) is then returned, a lower
+        bound of the cost."""
         ev = self.evicted
         total = self.nfwd[j]
         count = 0
@@ -296,6 +332,8 @@ class Planner(Chooser):
             while stack:
                 k = stack.pop()
                 total += nfwd[k]
+                if total > limit:
+                    return total
                 for q in links[k]:
                     if q in ev and q not in seen:
                         seen.add(q)

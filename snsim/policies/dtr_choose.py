@@ -11,6 +11,7 @@ are scored exactly.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -18,20 +19,71 @@ import numpy as np
 from snsim.graph import Tensor
 
 
+# best first among this many of the smallest bounds (:meth:`Chooser.first`)
+FIRST = 16
+
+
 class Chooser:
     """``exact``, ``best``, ``best_of`` and ``victim`` for the planner."""
 
-    def exact(self, t: Tensor) -> float:
+    def exact(self, t: Tensor, below: float = math.inf) -> float:
         """The score of resident tensor ``t`` (``inf`` for a staleness of zero); its
-        cost is kept as the pool's lower bound."""
+        cost is kept as the pool's lower bound.  With ``below`` (a score) the
+        search for its cost may stop once the score is certain to exceed it:
+        the score returned is then a lower bound above ``below``."""
         j = self.cand_node[t]
-        cost = self.cost(j, t[0] != "S")
+        stale = self.clock - self.resident[t]
+        size = self.nbytes[t]
+        limit = math.inf
+        if below < math.inf and stale > 0 and self.cost_at is not None:
+            limit = self.cost_at(below, size, stale) * (1.0 + 1e-9)
+        cost = self.cost(j, t[0] != "S", limit)
         i = self.pool.slot.get(t)
         if i is not None and cost < math.inf:
             self.pool.cached(i, cost)
-        stale = self.clock - self.resident[t]
-        return self.score(cost, self.nbytes[t], stale) if stale > 0 and cost < math.inf \
+        return self.score(cost, size, stale) if stale > 0 and cost < math.inf \
             else math.inf
+
+    def first(self, lb: np.ndarray, slots: list[int]) -> tuple[float, int] | None:
+        """The smallest exact score among ``slots`` (pool slots, ``lb`` their lower
+        bounds, raised here where a search stopped) and its index in ``slots``,
+        best first: the candidate with the smallest bound is scored with its
+        search cut at the next smallest bound (or twice the cost found so far),
+        its bound raised if cut, until the smallest bound is an exact score.
+        Among the ``FIRST`` smallest bounds, then all; None if no score is
+        finite."""
+        n = len(slots)
+        if n > FIRST:
+            part = np.argpartition(lb, FIRST)
+            group, floor = part[:FIRST].tolist(), float(lb[part[FIRST]])
+        else:
+            group, floor = list(range(n)), math.inf
+        heap = [(float(lb[q]), q) for q in group]
+        heapq.heapify(heap)
+        done: set[int] = set()
+        pool = self.pool
+        while heap:
+            low, q = heap[0]
+            if low == math.inf or low > floor:
+                break   # the smallest may be outside the group: all of them
+            if q in done:
+                return low, q
+            heapq.heappop(heap)
+            nxt = min(heap[0][0] if heap else math.inf, floor)
+            t = pool.t[slots[q]]
+            cut = max(nxt, 2.0 * low) if nxt < math.inf else math.inf
+            h = self.exact(t, cut)
+            if h <= cut or h == math.inf:
+                done.add(q)
+            lb[q] = max(lb[q], h) if q not in done else h
+            heapq.heappush(heap, (float(lb[q]), q))
+        if n <= FIRST:
+            return None
+        q = int(lb.argmin())
+        if lb[q] == math.inf:
+            return None
+        h = lb[q] = self.exact(pool.t[slots[q]])
+        return (h, q) if h < math.inf else None
 
     def best(self, candidates) -> Tensor | None:
         """The unpinned tensor of ``candidates`` (pool slots) with the smallest
@@ -57,17 +109,16 @@ class Chooser:
         lb = pool.bounds(self.score, self.clock, at)
         picks = at.tolist()
         best_q, best_h = -1, math.inf
-        seen: dict[int, float] = {}
-        # only picks whose bound does not exceed the smallest bound's exact score can
-        # win: sorting those (a prefix of the sorted order) is the whole sort's loop
-        q0 = int(lb.argmin())
-        if lb[q0] < math.inf:
-            k0 = picks[q0]
-            h0 = seen[k0] = self.exact(pool.t[k0])
+        found = self.first(lb, picks)
+        if found is not None:
+            h0 = found[0]
+            # only picks whose bound does not exceed the smallest exact score can win:
+            # sorting those (a prefix of the sorted order) is the whole sort's loop
             near = np.flatnonzero(lb <= h0 * (1.0 + 1e-9))
             order = near[np.argsort(lb[near], kind="stable")].tolist()
         else:
             order = []
+        seen: dict[int, float] = {}
         for q in order:
             low = lb[q]
             if low == math.inf or low > best_h * (1.0 + 1e-9):
@@ -76,7 +127,7 @@ class Chooser:
             t = pool.t[k]
             if pins.get(t):
                 continue
-            h = seen[k] if k in seen else seen.setdefault(k, self.exact(t))
+            h = seen[k] if k in seen else seen.setdefault(k, self.exact(t, best_h))
             if h < best_h or (h == best_h and q > best_q):
                 best_q, best_h = q, h
         if best_h == math.inf:   # every unpinned pick scores inf: the last one, as best()
@@ -88,10 +139,12 @@ class Chooser:
 
     def victim(self) -> Tensor | None:
         """The evictable tensor with the smallest score: every candidate's lower
-        bound (own cost) in one vectorized pass, then exact scores only for those
-        whose bound is below the best exact score so far (branch and bound: the
-        full scan's choice).  With ``sample`` and more than ``full_scan``
-        candidates: the best of ``sample`` drawn uniformly (seeded)."""
+        bound in one vectorized pass, the smallest exact score found best first
+        (:meth:`first`), then exact scores only for those whose bound does not
+        exceed it, each search cut once it would exceed the best (branch and
+        bound: the full scan's choice).  With ``sample`` and more than
+        ``full_scan`` candidates: the best of ``sample`` drawn uniformly
+        (seeded)."""
         self.settle()
         pool = self.pool
         n = len(pool)
@@ -103,13 +156,13 @@ class Chooser:
             if picked is not None:
                 return picked
         lb = pool.bounds(self.score, self.clock)
-        i = int(lb.argmin())
-        low = lb[i]
         E = pool.E
-        if low == math.inf:   # all pinned or scoring inf: the latest evictable, as a scan
+        found = self.first(lb, range(n))
+        if found is None:   # all pinned or scoring inf: the latest evictable, as a scan
             free = np.flatnonzero(pool.P[:n] == 0.0)
             return pool.t[int(free[E[free].argmax()])] if len(free) else None
-        h = self.exact(pool.t[i])
+        h, i = found
+        low = float(lb.min())
         # every slot whose bound does not exceed the best exact score found: the
         # smallest score, of equal ones the latest evictable (simrd's scan, so it
         # never depends on which costs happen to be cached)
@@ -120,7 +173,7 @@ class Chooser:
                 below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
             for k in below[np.argsort(-E[below])].tolist():   # latest first: ties keep them
                 if k != i and lb[k] <= h * (1.0 + 1e-9):
-                    hk = self.exact(pool.t[k])
+                    hk = self.exact(pool.t[k], h)
                     if hk < h or (hk == h and E[k] > E[i]):
                         i, h = k, hk
         return pool.t[i]

@@ -23,7 +23,9 @@ class Pool:
     """The resident evictable tensors, one slot each, with numpy columns:
     ``A`` last access (ms), ``F`` own forward ms, ``K`` a lower bound of the
     neighbourhood cost (the last exact one, lowered by the planner when an
-    evicted node in its regions comes back), ``S`` bytes, ``P`` 0 or inf (pinned), ``E`` when
+    evicted node in its regions comes back), ``N`` another: its own time plus
+    its evicted neighbours' (the planner keeps it up to date on every eviction
+    and return), ``S`` bytes, ``P`` 0 or inf (pinned), ``E`` when
     it last became evictable (made, or its last pin released): simrd's pool
     order, which breaks ties (the latest wins, as its scan's ``<=`` does)."""
 
@@ -34,6 +36,7 @@ class Pool:
         self.A = np.zeros(n)
         self.F = np.zeros(n)
         self.K = np.zeros(n)
+        self.N = np.zeros(n)
         self.S = np.zeros(n)
         self.P = np.zeros(n)
         self.E = np.zeros(n)
@@ -46,7 +49,7 @@ class Pool:
         k = len(self.t)
         self.slot[t] = k
         self.t.append(t)
-        self.A[k], self.F[k], self.K[k], self.S[k] = last, fwd, fwd, size
+        self.A[k], self.F[k], self.K[k], self.N[k], self.S[k] = last, fwd, fwd, fwd, size
         self.P[k] = math.inf if pinned else 0.0
         self.seq += 1
         self.E[k] = self.seq
@@ -64,22 +67,22 @@ class Pool:
             n = len(self.t)
             self.t[k] = last
             self.slot[last] = k
-            self.A[k], self.F[k], self.K[k], self.S[k], self.P[k], self.E[k] = (
-                self.A[n], self.F[n], self.K[n], self.S[n], self.P[n], self.E[n])
+            self.A[k], self.F[k], self.K[k], self.N[k], self.S[k], self.P[k], self.E[k] = (
+                self.A[n], self.F[n], self.K[n], self.N[n], self.S[n], self.P[n], self.E[n])
 
     def cached(self, i: int, cost: float) -> None:
         self.K[i] = cost
 
     def bounds(self, score, clock: float, at: np.ndarray | None = None) -> np.ndarray:
-        """Per slot (or per slot of ``at``), ``score`` with the cached cost (at least
-        the own forward time) as the cost: a lower bound of the true score for a
+        """Per slot (or per slot of ``at``), ``score`` with the larger of the cached
+        cost and the neighbours' bound (``N``) as the cost: a lower bound of the true score for a
         score non-decreasing in the cost; inf where the staleness is not positive
         or the tensor is pinned."""
         n = len(self.t)
         ix = slice(0, n) if at is None else at
         stale = clock - self.A[ix]
         with np.errstate(divide="ignore", invalid="ignore"):
-            lb = score(np.maximum(self.K[ix], self.F[ix]), self.S[ix], stale)
+            lb = score(np.maximum(self.K[ix], self.N[ix]), self.S[ix], stale)
         lb = np.asarray(lb, dtype=float) + self.P[ix]
         lb[stale <= 0] = math.inf
         return lb
