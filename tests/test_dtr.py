@@ -108,6 +108,54 @@ def test_the_exact_check_saw_real_choices():
     assert len(several) >= 20
 
 
+def test_cut_settles_keep_the_exact_choice():
+    # a settle that would search more than settle_limit evicted nodes drops every
+    # cached bound to the neighbours' one: still the exact victim, at any limit
+    made = []
+
+    class Cut(Checked):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    for limit in (0, 2):
+        made.clear()
+        for seed in range(12):
+            g = Graph(synth.random_dag(seed, 24))
+            for cap in _budgets(g, 4):
+                ops, stats, reason = plan_dtr_ops(
+                    g, cap, planner=functools.partial(Cut, settle_limit=limit),
+                    thrash_limit=100.0)
+                verify(g, Schedule("dtr", ops, cap, stats, reason))
+        assert sum(d.settle_resets for d in made) > 10, limit
+
+
+def test_neighbours_bound_follows_every_eviction_and_return():
+    # the pool's N (own time + evicted neighbours'), kept up to date incrementally,
+    # equals its value computed afresh at every choice
+    seen = [0]
+
+    class Fresh(Planner):
+        def victim(self):
+            pool, ev, nfwd = self.pool, self.evicted, self.nfwd
+            for k in range(len(pool)):
+                t = pool.t[k]
+                nd = self.cand_node[t]
+                want = nfwd[nd] + sum(nfwd[q] for q in (self.up[nd] if t[0] == "S"
+                                                          else self.near[nd]) if q in ev)
+                assert math.isclose(pool.N[k], want, rel_tol=1e-9, abs_tol=1e-9), (t, pool.N[k], want)
+                seen[0] += 1
+            return super().victim()
+
+    for seed in range(10):
+        g = Graph(synth.random_dag(seed, 30))
+        for cap in _budgets(g, 4):
+            plan_dtr_ops(g, cap, planner=Fresh, thrash_limit=100.0)
+    g = Graph(load(ROOT / "traces" / "k40c_resnet50_b32.json"))
+    plan_dtr_ops(g, int(1.3 * g.lower_bound_bytes), planner=Fresh)
+    assert seen[0] > 5000
+
+
 def test_full_scan_on_a_real_trace_is_the_exact_choice():
     g = Graph(load(ROOT / "traces" / "k40c_resnet50_b32.json"))
     Checked.checks = []
