@@ -282,10 +282,15 @@ class Planner(Chooser):
         returned since).  Those reached upwards (their downward regions held a
         returned node) lose at most the returned nodes and what the search finds
         below them, and vice versa; their bounds drop by that much (the
-        neighbours' bound ``N`` stays under them).  A search past
-        ``settle_limit`` evicted nodes stops, and every cached bound falls back
-        to ``N`` (deep in thrashing, where every eviction would search most of
-        the network again)."""
+        neighbours' bound ``N`` stays under them).  A search in one direction
+        stops past ``settle_limit`` evicted nodes: then the candidates it would
+        have reached are not known, so every cached bound drops by what they
+        lose (known if the other search finished), and those the other search
+        reached (whose loss the stopped search would have told) fall back to
+        ``N``; both stopped, every cached bound falls back to ``N``.  Deep in
+        thrashing a recomputation is at the top of a long evicted chain: the
+        search up from it ends at once, the one down from it would walk the
+        chain."""
         back = self.returned
         if not back:
             return
@@ -296,10 +301,10 @@ class Planner(Chooser):
         back_ms = sum(nfwd[j] for j in gone)
         mine = [j for j in gone if cands[j]]   # returned, resident again: theirs too
         reached, mass = [], []
-        budget = self.settle_limit
         for links in (self.up, self.down):
             seen, stack, found, ms = set(gone), list(gone), list(mine), 0.0
-            while stack:
+            budget = self.settle_limit
+            while stack and budget >= 0:
                 for q in links[stack.pop()]:
                     if q not in seen:
                         seen.add(q)
@@ -309,12 +314,22 @@ class Planner(Chooser):
                             stack.append(q)
                             ms += nfwd[q]
                             budget -= 1
-                if budget < 0:
-                    self.settle_resets += 1
-                    K[:len(pool)] = 0.0
-                    return
-            reached.append(found)
-            mass.append(ms)
+            reached.append(found if budget >= 0 else None)
+            mass.append(ms if budget >= 0 else None)
+        n = len(pool)
+        if reached[0] is None and reached[1] is None:
+            self.settle_resets += 1
+            K[:n] = 0.0
+            return
+        for d, found in enumerate(reached):
+            if found is None:   # stopped: all drop by what the other side's lose ...
+                self.settle_resets += 1
+                K[:n] -= back_ms + mass[1 - d]
+                for q in reached[1 - d]:   # ... and the other side's loss is unknown
+                    for t in cands[q]:
+                        if t in slot:
+                            K[slot[t]] = 0.0
+                return
         for found, loss in zip(reached, (back_ms + mass[1], back_ms + mass[0])):
             for q in found:
                 for t in cands[q]:
