@@ -139,7 +139,8 @@ def cmd_simulate(args) -> int:
             check_writable(out)  # fail before the work, not after it
     show = not args.no_progress and sys.stderr.isatty()
     graph = _with_training(_load(args.trace, args.device, progress=show), args)
-    budget = parse_budget(args.budget, graph.lower_bound_bytes)
+    budget = parse_budget(args.budget, graph.lower_bound_bytes,
+                          graph.trace.source.get("baseline_peak_bytes"))
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
                             {"time_limit": args.time_limit}, progress=show,
@@ -223,7 +224,8 @@ def cmd_schedule(args) -> int:
         raise SnsimError(f"schedule needs one policy, got {args.policy!r}; choose from: "
                          + ", ".join(policies.names()))
     graph = _load(args.trace)
-    budget = parse_budget(args.budget, graph.lower_bound_bytes)
+    budget = parse_budget(args.budget, graph.lower_bound_bytes,
+                          graph.trace.source.get("baseline_peak_bytes"))
     schedule = policies.plan(policies.get(args.policy).name, PlanContext(graph, budget))
     verify(graph, schedule)
     print(SCHEDULE_KEY)
@@ -320,8 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace file (snsim.trace/1 JSON)")
     p.add_argument("--policy", default="superneurons",
                    help="policy name, or 'all' to compare every policy (default: %(default)s)")
-    p.add_argument("--budget", help="memory budget: 12GiB, 12GB, 512MiB, bytes, or 1.05xlb "
-                   "(a multiple of the lower bound); default: the trace device's memory")
+    p.add_argument("--budget", help="memory budget: 12GiB, 12GB, 512MiB, bytes, 1.05xlb "
+                   "(a multiple of the lower bound) or, on an imported op log, 0.5xbaseline "
+                   "(of its unlimited peak); default: the trace device's memory")
     p.add_argument("--json", action="store_true", help="print exactly the JSON result")
     p.add_argument("--device", metavar="PRESET",
                    help="what-if on another device preset (snsim profile --list-device-models): "

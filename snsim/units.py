@@ -61,23 +61,36 @@ def fmt_ms(ms: float | None) -> str:
     return f"{ms:.3f} ms"
 
 
-def parse_budget(text: str | None, lower_bound_bytes: int) -> int | None:
-    """A memory budget: a size (see :func:`parse_size`) or ``1.05xlb``, a multiple
-    of the trace's lower bound.  ``None`` stays ``None`` (the device's memory).
+def parse_budget(text: str | None, lower_bound_bytes: int,
+                 baseline_bytes: int | None = None) -> int | None:
+    """A memory budget: a size (see :func:`parse_size`), ``1.05xlb``, a multiple
+    of the trace's lower bound, or ``0.5xbaseline``, a multiple of the peak of
+    the program run without a budget that an imported op log records
+    (``source.baseline_peak_bytes``, ``baseline_bytes`` here; the DTR authors'
+    budget ratios).  ``None`` stays ``None`` (the device's memory).
 
     A budget under the lower bound is refused: no policy can go below it.
     """
     if text is None:
         return None
     t = str(text).strip().lower()
-    if t.endswith("xlb"):
+    for suffix, base in (("xbaseline", baseline_bytes), ("xlb", lower_bound_bytes)):
+        if t.endswith(suffix):
+            break
+    else:
+        suffix = None
+    if suffix is not None:
         try:
-            factor = float(t[:-3])
+            factor = float(t[:-len(suffix)])
         except ValueError:
-            raise SnsimError(f"cannot read budget {text!r}: use e.g. 1.05xlb") from None
+            raise SnsimError(f"cannot read budget {text!r}: use e.g. 1.05{suffix}") from None
         if not math.isfinite(factor) or factor <= 0:
             raise SnsimError(f"budget {text!r} must be a positive finite multiple")
-        scaled = factor * lower_bound_bytes
+        if base is None:
+            raise SnsimError(f"budget {text!r}: this trace records no baseline peak "
+                             "(source.baseline_peak_bytes, written by 'snsim import "
+                             "dtr-log'); use a size or a multiple of the lower bound (xlb)")
+        scaled = factor * base
         value = int(scaled) if math.isfinite(scaled) else MAX_BUDGET_BYTES + 1
     else:
         value = parse_size(text)

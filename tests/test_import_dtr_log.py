@@ -156,6 +156,29 @@ def test_cli_import_and_simulate(tmp_path, capsys):
     assert "forward-only" in capsys.readouterr().err
 
 
+def test_budget_as_a_multiple_of_the_logs_baseline(tmp_path, capsys):
+    # 'RxBASELINE': the DTR authors' budget ratios, of the log's unlimited peak
+    log = tmp_path / "toy-1-2.log"
+    log.write_text("\n".join(LOG) + "\n")
+    out = tmp_path / "toy.json"
+    assert main(["import", "dtr-log", str(log), "--out", str(out)]) == 0
+    base = json.loads(out.read_text())["source"]["baseline_peak_bytes"]
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--policy", "dtr", "--budget", "1.5xbaseline",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == int(1.5 * base)
+    assert main(["simulate", str(out), "--policy", "dtr", "--budget", "0.001xbaseline"]) == 2
+    assert "impossible budget" in capsys.readouterr().err   # under the lower bound
+    assert main(["simulate", str(out), "--budget", "tenxbaseline"]) == 2
+    assert "cannot read budget 'tenxbaseline'" in capsys.readouterr().err
+    # a trace that is not an op log has no baseline
+    from pathlib import Path
+    trace = Path(__file__).resolve().parent.parent / "traces" / "k40c_vgg16_b32.json"
+    assert main(["simulate", str(trace), "--budget", "0.5xbaseline"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "records no baseline peak" in err
+
+
 def test_cli_bad_log_writes_nothing(tmp_path, capsys):
     log = tmp_path / "bad.log"
     log.write_text(rec(INSTRUCTION="ANNOTATE", ANNOTATION="START") + "\n\n"
