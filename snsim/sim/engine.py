@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import gc
 
-import simpy
-
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Schedule
@@ -46,7 +44,6 @@ class Replay:
         self.schedule = schedule
         self.capacity = capacity
         self.record = record
-        self.env = simpy.Environment()
         self.level = graph.trace.static_bytes if static_bytes is None else static_bytes
         self.peak = self.level
         self.offloading: dict = {}    # tensor -> completion event of its D2H copy
@@ -59,7 +56,6 @@ class Replay:
         # ``SimResult.offload_ends``)
         self.pos = 0
         self.offload_ends: dict[int, int] = {}
-        self.freed_event = self.env.event()
         self.stall_ms = 0.0
         self.recompute_ms = 0.0
         self.h2d_bytes = 0
@@ -68,19 +64,37 @@ class Replay:
         self.reason: str | None = None
         self.timeline: list[MemoryPoint] = [MemoryPoint(0.0, self.level, "static", LevelKind.STATIC)]
         self.intervals: list[Interval] = []
-        self.h2d = simpy.Store(self.env)
-        self.d2h = simpy.Store(self.env)
-        dev = graph.trace.device
-        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
-                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
-        for engine in self.engines:
-            self.env.process(engine)
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
         self.durations, self.planned_ms, self.copies = _durations(graph, schedule.ops)
         self.end_ms = 0.0
+        # the simpy processes, made on first use of ``env`` (a plan without copies
+        # replays without them, and without importing simpy: ~25 ms of a process)
+        self._env = None
+        self.stream = None
+        self.engines: tuple = ()
+
+    @property
+    def env(self):
+        """The simpy environment of the three processes (made on first use)."""
+        if self._env is None:
+            self._start()
+        return self._env
+
+    def _start(self) -> None:
+        import simpy
+
+        self._env = env = simpy.Environment()
+        self.freed_event = env.event()
+        self.h2d = simpy.Store(env)
+        self.d2h = simpy.Store(env)
+        dev = self.g.trace.device
+        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
+                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
+        for engine in self.engines:
+            env.process(engine)
         self.stream = self._compute_stream()
-        self.done = self.env.process(self.stream)
+        self.done = env.process(self.stream)
 
     def run(self) -> None:
         """Replay the schedule; ``end_ms`` is the time it ended (or stopped).
@@ -104,8 +118,9 @@ class Replay:
             # (its schedule, effects and durations) in a reference cycle through an
             # event it waits on; closing them lets reference counting free the
             # replay at once, without the cyclic collector
-            for gen in (self.stream, *self.engines):
-                gen.close()
+            if self.stream is not None:
+                for gen in (self.stream, *self.engines):
+                    gen.close()
 
     # -------------------------------------------------------------- memory
     def _release(self, t, nbytes: int) -> None:
@@ -286,7 +301,7 @@ class Replay:
                 self.inbound.pop(op.tensor, None)
         self.pos = len(self.schedule.ops)
 
-    def _copy_engine(self, queue: simpy.Store, name: str, bandwidth: float):
+    def _copy_engine(self, queue, name: str, bandwidth: float):
         env, size = self.env, self.g.size
         while True:
             t, ev, k = yield queue.get()
