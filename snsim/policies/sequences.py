@@ -91,23 +91,26 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
 
 
 def _use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor]]]:
+    # a tensor's last position so far is the last of its uses (one dict, not two;
+    # its keys come in the order a separate ``last`` dict's would)
     needs, allocs = graph.needs_map, graph.allocs_map
     uses: dict[Tensor, list[int]] = defaultdict(list)
-    last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
     for p, step in enumerate(seq):
         for t in needs[step]:
-            last[t] = p
             uses[t].append(p)
         for t in allocs[step]:
-            q = last.get(t)
-            if q is not None and q != p:
-                frees[q].append(t)
-            last[t] = p
-            uses[t].append(p)
+            u = uses[t]
+            if u and u[-1] != p:
+                frees[u[-1]].append(t)
+            u.append(p)
     holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
-    for t, q in last.items():
-        frees[max(q, holds.get(t, -1))].append(t)
+    if holds:
+        for t, u in uses.items():
+            frees[max(u[-1], holds.get(t, -1))].append(t)
+    else:
+        for t, u in uses.items():
+            frees[u[-1]].append(t)
     return uses, frees
 
 
