@@ -10,6 +10,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies.replay import shortfall
@@ -17,6 +18,24 @@ from snsim.policies.sequences import use_positions
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 _RES, _HOST, _IN = 1, 2, 3
+# graph -> {dyn_ws: per phase (F, R, B), per layer, the workspace a step reserves}
+_WS_TABLES: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _ws_table(graph: Graph, dyn_ws: bool) -> dict[str, list[int]]:
+    """Per phase (``F``, ``R``, ``B``), per layer: the workspace the cache reserves
+    for that step, its smallest (``dyn_ws``) or its first algorithm's; once per
+    graph (each candidate plan of ``superneurons`` reads it)."""
+    per = _WS_TABLES.get(graph)
+    if per is None:
+        per = _WS_TABLES[graph] = {}
+    got = per.get(dyn_ws)
+    if got is None:
+        ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
+        fwd = [ws(("F", i)) if layer.workspace else 0 for i, layer in enumerate(graph.layers)]
+        bwd = [ws(("B", i)) if layer.workspace else 0 for i, layer in enumerate(graph.layers)]
+        got = per[dyn_ws] = {"F": fwd, "R": fwd, "B": bwd}
+    return got
 
 
 class CachePlanner:
@@ -81,17 +100,19 @@ class CachePlanner:
                 if bnd[q]:
                     nxt = q
         # Per position: what the step allocates plus its smallest workspace
-        # (prefetches ahead leave room for the steps before their use).
-        ws = graph.min_workspace_bytes if dyn_ws else graph.workspace_bytes
-        size, allocs = self.sz.__getitem__, graph.allocs_map
-        layers = graph.layers
-        self.ws_need = [ws(st) if layers[st[1]].workspace else 0 for st in seq]
+        # (prefetches ahead leave room for the steps before their use), read from
+        # per-layer tables (the graph's alloc_bytes_table, _ws_table)
+        ws_tab, all_bytes = _ws_table(graph, dyn_ws), graph.alloc_bytes_table
+        self.ws_need = [ws_tab[ph][i] for ph, i in seq]
         # parameter gradients a backward step makes (set-to-none): resident from
         # that step on, never evictable
-        self.born = [graph.param_grad_bytes(st) for st in seq] if graph.grads_born \
-            else [0] * len(seq)
-        self.step_need = [sum(map(size, allocs[st])) + w + b
-                          for st, w, b in zip(seq, self.ws_need, self.born)]
+        if graph.grads_born:
+            self.born = [graph.param_grad_bytes(st) for st in seq]
+            self.step_need = [all_bytes[ph][i] + w + b
+                              for (ph, i), w, b in zip(seq, self.ws_need, self.born)]
+        else:
+            self.born = [0] * len(seq)
+            self.step_need = [all_bytes[ph][i] + w for (ph, i), w in zip(seq, self.ws_need)]
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -210,7 +231,8 @@ class CachePlanner:
             if boundary is not None and boundary[p] and self.host_heap:
                 self._prefetch_window(p, need, pinned)
             # 4. the step, with its workspace algorithm
-            algo = self._algo(step, nb) if ws and dyn_ws else 0
+            # (one workspace entry: its algorithm 0, whatever is free)
+            algo = self._algo(step, nb) if dyn_ws and ws and len(ws) > 1 else 0
             ops.append(Compute(step[0], step[1], algo))
             k = len(ops)
             self.level += nb
