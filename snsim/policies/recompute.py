@@ -51,7 +51,7 @@ def segment_modes(graph: Graph, keep: list[bool], mode: str) -> tuple[list[bool]
         elif mode == "memory":
             fast = False
         else:
-            fast = sum(layers.layer_fwd_bytes(graph, i) for i in seg) <= lp
+            fast = layers.fwd_bytes_sum(graph, seg) <= lp
         n_speed += fast
         for i in seg:
             speed[i] = fast
