@@ -450,12 +450,12 @@ class Graph:
         """Per phase (``F``, ``R``, ``B``): the needs and the allocs of each layer's
         step, indexed by layer (None where the layer has no such step): the two
         maps as lists, for the per-op loops (an index instead of a tuple hashed)."""
-        out = {}
-        for phase in ("F", "R", "B"):
-            steps = [(phase, i) for i in range(self.n)]
-            out[phase] = ([self.needs_map.get(s) for s in steps],
-                          [self.allocs_map.get(s) for s in steps])
-        return out
+        # F and R steps share their tuples (_build_steps): one pair of lists for both
+        fwd = ([self.needs_map[("F", i)] for i in range(self.n)],
+               [self.allocs_map[("F", i)] for i in range(self.n)])
+        bwd = ([self.needs_map.get(("B", i)) for i in range(self.n)],
+               [self.allocs_map.get(("B", i)) for i in range(self.n)])
+        return {"F": fwd, "R": fwd, "B": bwd}
 
     @cached_property
     def alloc_bytes_table(self) -> dict[str, list]:
@@ -463,8 +463,10 @@ class Graph:
         step allocates (what it makes when none of it is resident yet), None where
         the layer has no such step."""
         sizes = self.sizes.__getitem__
-        return {phase: [None if a is None else sum(map(sizes, a)) for a in table[1]]
-                for phase, table in self.step_tables.items()}
+        tables = self.step_tables
+        fwd = [sum(map(sizes, a)) for a in tables["F"][1]]   # R: the same allocs
+        return {"F": fwd, "R": fwd,
+                "B": [None if a is None else sum(map(sizes, a)) for a in tables["B"][1]]}
 
     @cached_property
     def plain_workspace(self) -> dict[str, list]:
