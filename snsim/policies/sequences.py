@@ -19,6 +19,7 @@ from snsim.schedule.ops import Compute, Free, Op
 _ROUTE_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
 _COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
+_ROUTE_FREES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
@@ -150,8 +151,21 @@ def _frees(graph: Graph, seq: list[Step]) -> list[list[Tensor]]:
     return frees
 
 
+def _route_frees(graph: Graph) -> list[list[Tensor]]:
+    """The route's liveness frees: those of its use positions where another
+    policy has asked for them, else :func:`_frees` (a third faster: ``liveness``
+    alone needs no positions), once per graph."""
+    got = _ROUTE_USES.get(graph)
+    if got is not None:
+        return got[1]
+    frees = _ROUTE_FREES.get(graph)
+    if frees is None:
+        frees = _ROUTE_FREES[graph] = _frees(graph, graph.route)
+    return frees
+
+
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
-    frees = use_positions(graph, seq)[1] if seq is graph.route else _frees(graph, seq)
+    frees = _route_frees(graph) if seq is graph.route else _frees(graph, seq)
     ops: list[Op] = []
     append, extend = ops.append, ops.extend
     for p, (phase, i) in enumerate(seq):
