@@ -425,3 +425,73 @@ def test_infeasible_run_reports_no_time_and_no_peak():
     assert d["partial_peak_bytes"] == r.peak_bytes and d["reason"]
     ok = simulate(g, plan("liveness", PlanContext(g, 720)), 720, record=False).to_dict()
     assert ok["iteration_ms"] == pytest.approx(9.0) and ok["peak_bytes"] == 720
+
+
+# ------------------------------------------------- the capped model (cutoff, tight big-M)
+def lp_relaxation(m):
+    from snsim.policies.optimal.milp import Milp
+    from snsim.policies.optimal.solve import solve
+
+    relaxed = Milp()
+    relaxed.lb, relaxed.ub, relaxed.cost, relaxed.rows = m.lb, m.ub, m.cost, m.rows
+    relaxed.integer = [False] * len(m.lb)
+    sol = solve(relaxed, 20)
+    assert sol.status == "optimal"
+    return sol.objective
+
+
+@pytest.mark.parametrize("trace, device", [(chain4, None), (chain5, None), (chain5, SLOW),
+                                           (residual, None)])
+def test_cutoff_keeps_the_optimum_and_nothing_below_it(trace, device):
+    """The model capped at its own optimum still finds it (the same plan, at
+    the simulator's time), and capped just below it has no solution: the
+    stage-time bounds and the big-M they give (timing.py) cut no plan of the
+    class at or under the cutoff.  Its LP relaxation is never below the
+    uncapped one's, and above it on some of these traces (what makes the
+    solver's bound rise on VGG-16)."""
+    from snsim.policies.optimal.decode import decode
+    from snsim.policies.optimal.formulation import build
+    from snsim.policies.optimal.solve import solve
+
+    g = Graph(trace() if device is None else trace(device))
+    lb = g.lower_bound_bytes
+    raised = 0
+    for budget in (lb, int(lb * 1.1), int(lb * 1.2)):
+        full = solve(build(g, budget).milp, 20)
+        assert full.status == "optimal"
+        opt = full.objective
+        f = build(g, budget, cutoff=opt + 1e-6)
+        sol = solve(f.milp, 20)
+        assert sol.status == "optimal" and sol.objective == pytest.approx(opt, abs=1e-6)
+        ops, peak = decode(f, sol.values)
+        r = simulate(g, Schedule("milp", ops, budget), budget, record=False)
+        assert r.feasible and r.iteration_ms == pytest.approx(opt + g.optimizer_ms, abs=1e-6)
+        assert peak == r.peak_bytes
+        assert solve(build(g, budget, cutoff=opt - 1e-3).milp, 20).status == "infeasible"
+        loose, tight = lp_relaxation(build(g, budget).milp), lp_relaxation(f.milp)
+        assert tight >= loose - 1e-9
+        raised += tight > loose + 1e-6
+    if device is SLOW:
+        assert raised, "the cutoff's big-M raise no LP bound"
+
+
+def test_capped_search_proves_no_plan_of_the_class_is_faster():
+    """chain5 on the slow link at 440: the optimum is 9 ms (hand-worked above).
+    Told a plan runs at 8.9 ms (the cutoff), the capped model has no solution
+    while the class has plans, so the bound returned is the cutoff (status
+    ``cutoff``); told 9.5 ms, it finds the 9 ms plan.  Below the lower bound
+    the class is empty and an empty class bounds nothing (status
+    ``infeasible``, bound 0), however fast the cutoff."""
+    from snsim.policies.optimal import capped, heuristic_plans
+
+    g = Graph(chain5(SLOW))
+    plans = heuristic_plans(PlanContext(g, 440))
+    sol, _ = capped(g, 440, None, 20.0, plans, {}, 8.9)
+    assert sol.status == "cutoff" and sol.values is None
+    assert sol.bound == pytest.approx(8.9 - g.optimizer_ms, abs=1e-9)
+    sol, _ = capped(g, 440, None, 20.0, plans, {}, 9.5)
+    assert sol.status == "optimal"
+    assert sol.objective + g.optimizer_ms == pytest.approx(9.0, abs=1e-6)
+    assert sol.bound <= sol.objective + 1e-9
+    sol, _ = capped(g, g.lower_bound_bytes - 1, None, 20.0, [], {}, 100.0)
+    assert sol.status == "infeasible" and sol.bound == 0.0

@@ -65,6 +65,8 @@ class Formulation:
     r_bytes: dict = field(default_factory=dict)      # j -> bytes R_j allocates
     r_algo: dict = field(default_factory=dict)       # j -> R_j's algorithm (least workspace)
     fixed_free: list = field(default_factory=list)   # G/S tensors freed at each stage end
+    early: list = field(default_factory=list)   # k -> least start of stage k (K: of the end)
+    late: list = field(default_factory=list)    # k -> latest start of stage k within the horizon
 
 
 def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
@@ -91,11 +93,15 @@ def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
 
 
 def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = True,
-          forward_prefetch: bool = True) -> Formulation:
+          forward_prefetch: bool = True, cutoff: float | None = None) -> Formulation:
     """The MILP of ``graph`` under ``capacity`` bytes.  ``window`` (stages) limits
     a prefetch to the ``window`` stages before a use (None: any stage);
     ``sync=False`` leaves out prefetches waited for in their own stage (a
-    smaller model whose solutions are solutions of the full one)."""
+    smaller model whose solutions are solutions of the full one).
+    ``cutoff`` (ms of the route, optimizer step excluded): only plans at most
+    this fast are of interest; it is the makespan's upper bound, and every
+    time column's (so the big-M of the time rows, :mod:`.timing`, shrink to
+    it): the model is then infeasible when no plan of the class reaches it."""
     g = graph
     n, route = g.n, g.route
     K = len(route)
@@ -173,8 +179,22 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                   for s in route)
     horizon += sum(g.layers[j].fwd_ms * len(rdom[j]) for j in range(n))
     horizon += sum(size[t] for t in f.O) * (d2h_ms + h2d_ms) + 1.0
-    f.T = [m.var(0.0, 0.0 if k == 0 else horizon, integer=False) for k in range(K + 1)]
-    f.Z = m.var(0.0, horizon, cost=1.0, integer=False)
+    if cutoff is not None and math.isfinite(cutoff):
+        horizon = min(horizon, max(0.0, cutoff))
+    # stage k starts no earlier than every step before it at its fastest, and
+    # no later than the horizon less every step from it on (the compute
+    # stream runs them in order): bounds of the least solution, so valid
+    fast = [min(g.step_ms(s, a) for a in range(max(1, len(g.layers[s[1]].workspace))))
+            for s in route]
+    f.early = [0.0]
+    for c in fast:
+        f.early.append(f.early[-1] + c)
+    f.late = [horizon - (f.early[K] - f.early[k]) for k in range(K + 1)]
+    f.T = [m.var(f.early[k], max(f.early[k], f.late[k]) if k else 0.0, integer=False)
+           for k in range(K + 1)]
+    f.Z = m.var(f.early[K], max(f.early[K], horizon), cost=1.0, integer=False)
+    if f.early[K] > horizon:   # no plan reaches the cutoff: an infeasible row
+        m.row({f.Z: 1.0}, hi=horizon)
 
     # residency
     for (k, t), s in f.S.items():

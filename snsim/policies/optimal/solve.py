@@ -32,12 +32,14 @@ def highs():
 
 def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None = None,
           start: tuple[list[int], list[float]] | None = None,
-          starts: list[tuple[list[int], list[float]]] = ()) -> Solution:
+          starts: list[tuple[list[int], list[float]]] = (), first: bool = False) -> Solution:
     """Minimise ``milp`` within ``time_limit`` seconds; ``cutoff``: only
     solutions better than this objective are of interest (prunes the search);
     ``start``: (columns, values) of integer columns of a known solution;
     ``starts``: more of them, tried in order after ``start`` until one
-    completes to a feasible point (:func:`complete`)."""
+    completes to a feasible point (:func:`complete`); ``first``: only whether
+    the model has a solution (the search stops at the first; a start that
+    completes is one: status ``feasible``, without a search)."""
     entry = time.perf_counter()   # the limit covers handing the model over too
     hp = highs()
     h = hp.Highs()
@@ -48,6 +50,8 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     h.setOptionValue("random_seed", 0)
     if cutoff is not None and math.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
+    if first:
+        h.setOptionValue("mip_max_improving_sols", 1)
     lp = hp.HighsLp()
     lp.num_col_ = len(milp.lb)
     lp.num_row_ = len(milp.rows)
@@ -77,6 +81,10 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
         if st and st[0] and complete(h, hp, milp, st):
             taken = i
             break
+    if first and taken is not None:
+        info = h.getInfo()
+        return Solution("feasible", list(h.getSolution().col_value),
+                        info.objective_function_value, 0.0, time.perf_counter() - t0, taken)
     if tries:
         h.setOptionValue("time_limit", max(0.1, time_limit - (time.perf_counter() - entry)))
     h.run()

@@ -25,10 +25,11 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
     size = {t: g.size(t) for t in f.tensors}
     # time: the compute stream; W[k] is stage k's start after the waits for
     # the prefetches it issued itself (T[k] where it has none)
-    big = horizon
+    least = lambda v: m.lb[v]   # noqa: E731
+    most = lambda v: m.ub[v]   # noqa: E731
     W = list(f.T[:K])
     for k in {k for (k, t), u in f.P_wait.items() if u == k}:
-        W[k] = m.var(0.0, horizon, integer=False)
+        W[k] = m.var(m.lb[f.T[k]], m.ub[f.T[k]], integer=False)
         m.row({W[k]: 1.0, f.T[k]: -1.0}, lo=0.0)
     for k, step in enumerate(route):
         c = {f.T[k + 1]: 1.0, W[k]: -1.0}
@@ -48,7 +49,7 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
     prev = None
     for t in sorted(f.O, key=lambda t: (t[1], t[0] != "X")):
         i, o = t[1], f.O[t]
-        q = E[t] = m.var(0.0, horizon, integer=False)
+        q = E[t] = m.var(m.lb[f.T[i]], horizon, integer=False)
         copy = size[t] * d2h_ms
         e = {q: 1.0, f.T[i]: -1.0, o: -copy}
         const = 0.0
@@ -68,20 +69,24 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
     prev = None
     for k in sorted(p_at):
         for t, p in p_at[k]:
-            q = m.var(0.0, horizon, integer=False)
+            q = m.var(m.lb[f.T[k]], horizon, integer=False)
             copy = size[t] * h2d_ms
             m.row({q: 1.0, f.T[k]: -1.0, p: -copy}, lo=0.0)
             if prev is not None:
                 m.row({q: 1.0, prev: -1.0, p: -copy}, lo=0.0)
+            big = max(0.0, most(E[t]) - least(q))
             m.row({q: 1.0, E[t]: -1.0, p: -copy - big}, lo=-big)
             u = f.P_wait[k, t]
-            m.row({(W[u] if u == k else f.T[u]): 1.0, q: -1.0, p: -big}, lo=-big)
+            wait = W[u] if u == k else f.T[u]
+            big = max(0.0, most(q) - least(wait))
+            m.row({wait: 1.0, q: -1.0, p: -big}, lo=-big)
             prev = q
     for t, o in f.O.items():
         # freed at the end of forward stage k (after waiting for its copy):
         # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
         i = t[1]
         for k in range(f.first_free.get(t, f.last_fwd[t]), n):
+            big = max(0.0, most(E[t]) - least(f.T[k + 1]))
             row = {f.T[k + 1]: 1.0, E[t]: -1.0, o: -big}
             lo = -2 * big
             if k == i:
@@ -94,5 +99,6 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
             m.row(row, lo=lo)
         if (n, t) in f.S:
             # kept into backward: its copy is waited for at backward's start
+            big = max(0.0, most(E[t]) - least(f.T[n]))
             m.row({f.T[n]: 1.0, E[t]: -1.0, o: -big, f.S[n, t]: -big}, lo=-2 * big)
     m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)
