@@ -81,6 +81,7 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
             big = max(0.0, most(q) - least(wait))
             m.row({wait: 1.0, q: -1.0, p: -big}, lo=-big)
             prev = q
+    engine_rows(f, p_at, W)
     for t, o in f.O.items():
         # freed at the end of forward stage k (after waiting for its copy):
         # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
@@ -102,3 +103,46 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
             big = max(0.0, most(E[t]) - least(f.T[n]))
             m.row({f.T[n]: 1.0, E[t]: -1.0, o: -big, f.S[n, t]: -big}, lo=-2 * big)
     m.row({f.Z: 1.0, f.T[K]: -1.0}, lo=0.0)
+
+
+ENGINE_TERMS = 200_000   # at most this many nonzeros in the rows of engine_rows
+
+
+def engine_rows(f, p_at: dict, W: list) -> None:
+    """Rows the integer solutions already satisfy, written without a big-M:
+    the prefetches issued at stage a or later and waited for by stage b's
+    compute copy one after another on the host-to-device engine, each after
+    its issue (at ``T[a]`` or later) and before its wait (at ``W[b]`` or
+    earlier), so ``W[b] - T[a] >= sum of their copy times``.  (The chain of
+    engine times gives that for chosen prefetches: the last of them in issue
+    order ends at least the sum after ``T[a]``, and is waited for by
+    ``W[b]``.)  The LP relaxation otherwise meets a wait through its big-M
+    row with a fractional prefetch for a fraction of the copy.  Pairs (a, b)
+    by growing distance, while the rows stay under ``ENGINE_TERMS`` terms."""
+    g, m = f.graph, f.milp
+    h2d_ms = 1e3 / g.trace.device.h2d_Bps
+    by_issue: dict = {}
+    for k, pairs in p_at.items():
+        for t, p in pairs:
+            by_issue.setdefault(k, []).append((f.P_wait[k, t], g.size(t) * h2d_ms, p))
+    stages = sorted(by_issue)
+    if not stages:
+        return
+    last = max(u for items in by_issue.values() for u, _, _ in items)
+    terms_left = ENGINE_TERMS
+    for span in range(last - stages[0] + 1):
+        for a in stages:
+            b = a + span
+            if b > last or W[b] == f.T[a]:   # a == b: only same-stage prefetches count
+                continue
+            row = {W[b]: 1.0, f.T[a]: -1.0}
+            for k in range(a, b + 1):
+                for u, copy, p in by_issue.get(k, ()):
+                    if u <= b:
+                        add(row, p, -copy)
+            if len(row) == 2:
+                continue
+            if len(row) > terms_left:
+                return
+            terms_left -= len(row)
+            m.row(row, lo=0.0)
