@@ -102,3 +102,41 @@ def test_moment_bound_below_heuristics_on_shipped_traces(name):
             r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
             if r.feasible:
                 assert b <= r.iteration_ms + EPS, (f, p)
+
+
+def head():
+    """VGG-16's head in miniature: data X0 10 -> conv X1 300 (reads inputs,
+    10 ms) -> act X2 300 (reads output, 0.5 ms) -> conv X3 300 (reads inputs)
+    -> loss.  X1 has no backward reader; X2 is read by B3 and B2."""
+    from conftest import L, make
+
+    return make([
+        L(0, "data", [], 10),
+        L(1, "conv", [0], 300, params=10, fwd=10.0, bwd=10.0, reads=["inputs"]),
+        L(2, "act", [1], 300, fwd=0.5, bwd=0.5, reads=["output"]),
+        L(3, "conv", [2], 300, params=10, fwd=1.0, bwd=2.0, reads=["inputs"]),
+        L(4, "loss", [3], 4, fwd=0.25, bwd=0.25, reads=["inputs"]),
+    ], "head")
+
+
+def test_a_tensor_only_a_recomputation_reads_is_back_before_that_recomputation():
+    """head() at its lower bound 940: at B4's start (11.75 ms of forward) X2
+    does not fit beside the step.  Remade from X1 (0.5 ms), X1 must be on the
+    device when the remake runs, before B3: kept (no room either), remade (10
+    ms) or copied back.  Copied back, it was offloaded after F1 (10 -> 13 ms,
+    so B4 starts at 13 at the earliest), and its copy back (3 ms) starts
+    after B4 (0.25) and ends before B3, after which 12.5 ms of compute
+    remain: 13 + 0.25 + 3 + 12.5 = 28.75.  The bound used to let X1's copy
+    back end any time before the iteration's end (26.25: it saw 1.75 of the
+    4.85 ms the optimum pays); the brute force's best is 29.6, the MILP's
+    29.35."""
+    g = Graph(head())
+    assert g.lower_bound_bytes == 940 and g.compute_ms == pytest.approx(24.5)
+    st = {}
+    b = moment_bound(g, 940, stats=st)
+    assert b == pytest.approx(28.75, abs=1e-6)
+    assert st["moment_step"].startswith("B4")
+    assert b <= brute_best(g, 940) + EPS
+    s, r = run_optimal(g, 940)
+    assert r.feasible and b <= r.iteration_ms + EPS
+    assert s.stats["schedule_bound_ms"] == pytest.approx(28.75, abs=1e-6)

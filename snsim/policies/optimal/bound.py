@@ -11,7 +11,9 @@ Every tensor that was made before u and that a later route step reads
 * ``w``: not allocated, so its device copy was released before M: its
   offload ended before M (the device-to-host engine copies it after the
   tensor was first made), and it comes back by a prefetch issued after step
-  u, which ends before the first later step that reads it starts;
+  u, which ends before the first later step that reads it starts (a tensor
+  only a recomputation reads: before the latest such step of the tensors
+  remade from it, :meth:`Moments.deadlines`);
 * ``r``: remade after M by recomputing its layer (the compute stream pays
   the layer's fastest forward time once), which needs the layer's inputs:
   each of them is allocated at M, brought back, or remade itself.
@@ -186,8 +188,8 @@ class Moments:
         # h2d: prefetches issued after step u, each ended before its next reader
         # starts (running sums over the readers in route order)
         by_first: dict = {}
-        for t in pend:
-            by_first.setdefault(next(k for k in self.reads[t] if k > u), []).append(t)
+        for t, v in self.deadlines(u, pend, tensors, seen_layers).items():
+            by_first.setdefault(v, []).append(t)
         for v, a in running_sums(m, g, by_first, sorted(by_first), wv, h2d):
             m.row({Z: 1.0, M: -1.0, a: -1.0},
                   lo=self.c[u] + self.prefix[K] - self.prefix[v] + self.opt_ms)
@@ -196,6 +198,31 @@ class Moments:
             add(terms, wv[t], -g.size(t) * h2d)
         m.row(terms, lo=self.c[u] + self.opt_ms)
         return m, Z
+
+
+    def deadlines(self, u: int, pend: list, tensors: set, layers: set) -> dict:
+        """The route step before whose start a tensor of the moment model that is
+        on the host (``w``) at step u is back: for a pending tensor, its first
+        reader after u; for one only a recomputation needs (the closure), the
+        latest deadline of the tensors remade from it.  (If it is brought back
+        at all, it is because a tensor remade after u reads it; that remake
+        runs before its own tensor's deadline, after the copy ended.  A
+        schedule that brings it back for nothing maps to the model with it
+        neither kept, on the host nor remade, since no row then needs it.)"""
+        g = self.g
+        due = {t: next(k for k in self.reads[t] if k > u) for t in pend}
+        changed = True
+        while changed:   # the closure is a DAG of remakes: a few passes
+            changed = False
+            for j in layers:
+                made = [due[t] for t in g.allocs_map[("R", j)] if t in due]
+                if not made:
+                    continue
+                for x in g.needs_map[("R", j)]:
+                    if x in tensors and x not in pend and due.get(x, -1) < max(made):
+                        due[x] = max(made)
+                        changed = True
+        return due
 
 
 def lp_value(m: Milp, seconds: float) -> float:
