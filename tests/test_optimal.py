@@ -503,3 +503,31 @@ def test_capped_search_proves_no_plan_of_the_class_is_faster():
     assert sol.bound <= sol.objective + 1e-9
     sol, _ = capped(g, g.lower_bound_bytes - 1, None, 20.0, [], {}, 100.0)
     assert sol.status == "infeasible" and sol.bound == 0.0
+
+
+def test_polish_undoes_a_recomputation_memory_allows_and_keeps_one_it_needs():
+    """chain5 with liveness's plan plus a needless recomputation: X3 freed after
+    F4 and remade (R3, 1 ms) before B4.  With room for X3, polish keeps it
+    instead (the plan is liveness's again, 1 ms faster); where the budget
+    needs the recomputation, it stays."""
+    from snsim.policies.liveness import liveness_ops
+    from snsim.policies.optimal.polish import polish
+
+    g = Graph(chain5())
+    live = liveness_ops(g)
+    f4 = live.index(Compute("F", 4))
+    b4 = live.index(Compute("B", 4))
+    ops = live[:f4 + 1] + [Free(X(3))] + live[f4 + 1:b4] + [Compute("R", 3)] + live[b4:]
+    top = replay.planned_peak(g, live)[0]
+    verify(g, Schedule("hand", ops, top))
+    ms = replay.estimate_ms(g, ops, top)
+    assert ms == pytest.approx(replay.estimate_ms(g, live, top) + 1.0)
+    got, polished, undone = polish(g, top, ops, ms, 5.0)
+    assert undone == 1 and polished == live and got == pytest.approx(ms - 1.0)
+    # chain5 on the slow link at 440 (hand-worked above): X2 must be remade
+    # (R1, R2 in B3's stage) to fit; undone, the plan would be 1.5 ms faster
+    # and not fit
+    g = Graph(chain5(SLOW))
+    s, r = run_optimal(g, 440)
+    assert any(type(op) is Compute and op.phase == "R" for op in s.ops)
+    assert polish(g, 440, s.ops, r.iteration_ms, 5.0)[2] == 0

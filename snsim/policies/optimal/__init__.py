@@ -46,6 +46,7 @@ from snsim.policies.finishing import finish
 from snsim.policies.optimal.bound import moment_bound
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
+from snsim.policies.optimal.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
 from snsim.schedule.ops import Schedule
@@ -58,6 +59,8 @@ MAX_COLUMNS = 400_000
 MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
 MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
+POLISH_S = 5.0         # at most this long undoing recomputations (polish.py) ...
+POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -191,6 +194,13 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
                         f"the budget ({cap} bytes) is below the lower bound "
                         f"({g.lower_bound_bytes} bytes): no schedule fits")
     plans = heuristic_plans(ctx)
+    polish_s = min(POLISH_S, POLISH_SHARE * time_limit)
+    if plans:
+        ms, name, s = plans[0]
+        ms, ops, undone = polish(g, cap, s.ops, ms, polish_s)
+        if undone:
+            stats["polished"] = undone
+            plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
     sol = milp_ops = None
@@ -230,6 +240,10 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if milp_ops is not None:
         ms = replay.estimate_ms(g, milp_ops, cap)
         choice = (ms, "milp", milp_ops)
+        ms, ops, undone = polish(g, cap, milp_ops, ms, polish_s)
+        if undone:
+            stats["polished"] = undone
+            choice = (ms, "milp+polish", ops)
     if heur is not None and (choice is None or heur[0] < choice[0] - 1e-9):
         choice = (heur[0], heur[1], heur[2].ops)
     stats["solve_s"] = round(time.perf_counter() - t0, 3)
