@@ -531,3 +531,32 @@ def test_polish_undoes_a_recomputation_memory_allows_and_keeps_one_it_needs():
     s, r = run_optimal(g, 440)
     assert any(type(op) is Compute and op.phase == "R" for op in s.ops)
     assert polish(g, 440, s.ops, r.iteration_ms, 5.0)[2] == 0
+
+
+def test_polish_swaps_where_keeping_does_not_fit():
+    """The slow link's plan for chain5 at 440 (X2 remade by R1, R2 before B3)
+    run on the default link (100 B: 1 ms): keeping X2 does not fit (444), but
+    offloading it after F2, freeing it where the plan did and prefetching it
+    back a compute ahead of where R2 was (waited for there) is 0.5 ms faster
+    than remaking it (R1 stays: the wait for the copy would take as long).
+    The polished plan verifies and the simulator runs it at the polished
+    time.  At 460 X2 is kept instead, and then R1, which only fed R2, is
+    dropped: pure compute (7.5 ms)."""
+    from snsim.policies.optimal.polish import polish
+
+    s, _ = run_optimal(Graph(chain5(SLOW)), 440)
+    g = Graph(chain5())
+    ms = replay.estimate_ms(g, s.ops, 440)
+    assert ms == pytest.approx(9.0)
+    got, ops, changed = polish(g, 440, s.ops, ms, 5.0)
+    assert changed == 1 and got == pytest.approx(8.5)
+    assert [op for op in ops if type(op) in (Offload, Prefetch, Wait)] == \
+        [Offload(X(2)), Prefetch(X(2)), Wait(X(2))]
+    assert not any(type(op) is Compute and op.phase == "R" and op.layer == 2 for op in ops)
+    sched = Schedule("polished", ops, 440)
+    verify(g, sched)
+    r = simulate(g, sched, 440, record=False)
+    assert r.feasible and r.iteration_ms == pytest.approx(8.5) and r.peak_bytes <= 440
+    got, ops, changed = polish(g, 460, s.ops, replay.estimate_ms(g, s.ops, 460), 5.0)
+    assert changed == 2 and got == pytest.approx(7.5)
+    assert not any(type(op) is Compute and op.phase == "R" for op in ops)

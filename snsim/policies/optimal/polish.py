@@ -1,11 +1,16 @@
-"""Polish a plan by undoing its recomputations where memory allows (a primal
-heuristic of ``optimal``; it improves the incumbent, it proves nothing).
+"""Polish a plan by undoing its recomputations, or swapping instead, where
+that is faster (a primal heuristic of ``optimal``; it improves the
+incumbent, it proves nothing).
 
 A recomputation ``Compute R j`` remakes what an earlier free released.
 Undoing it keeps those tensors instead: the last ``Free`` of each tensor the
 recomputation makes before it, and the recomputation itself, are removed;
 the tensors then live from their previous existence to the frees the plan
-already has after the recomputation.  Each undo is kept only if the plan
+already has after the recomputation.  Or they are swapped instead: offloaded
+after the compute that made them, freed where the plan freed them,
+prefetched a few computes ahead of the recomputation and waited for where
+it was.  Or, when nothing reads what it remakes any more, it is dropped.
+Each change is kept only if the plan
 still passes the ledger's rules, fits the capacity (every free counted as
 immediate, :func:`replay.planned_peak`) and is faster by the simulator's
 rules (:func:`replay.estimate_ms`), so the polished plan is never slower and
@@ -26,7 +31,7 @@ from snsim.errors import ScheduleError
 from snsim.graph import Graph
 from snsim.policies import replay
 from snsim.schedule import ledger
-from snsim.schedule.ops import Compute, Free, Op
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 
 def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
@@ -47,40 +52,125 @@ def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
     return [o for i, o in enumerate(ops) if i not in drop]
 
 
+def swap(g: Graph, ops: list[Op], r: int, back: int) -> list[Op] | None:
+    """``ops`` with the recomputation at index ``r`` replaced by a swap: each
+    tensor it makes is offloaded right after the compute that made it before,
+    freed where the plan freed it, prefetched before the compute ``back``
+    computes ahead of ``r`` and waited for where the recomputation was; None
+    where :func:`undo` finds it cannot be undone or the prefetch would come
+    before the free."""
+    made = g.allocs_map[ops[r].step]
+    frees = {}
+    for t in made:
+        k = r - 1
+        while k >= 0 and not (type(ops[k]) is Free and ops[k].tensor == t):
+            if getattr(ops[k], "tensor", None) == t:
+                return None
+            k -= 1
+        if k < 0:
+            return None
+        frees[t] = k
+    p, seen = r, 0
+    while seen < back:
+        p -= 1
+        if p < 0:
+            return None
+        seen += type(ops[p]) is Compute
+    if p <= max(frees.values()):
+        return None
+    after: dict = {}   # index of the compute that made t -> the offloads after it
+    for t, k in frees.items():
+        m = k - 1
+        while m >= 0 and not (type(ops[m]) is Compute and t in g.allocs_map[ops[m].step]):
+            m -= 1
+        if m < 0:
+            return None
+        after.setdefault(m, []).append(Offload(t))
+    out: list[Op] = []
+    for i, op in enumerate(ops):
+        if i == p:
+            out.extend(Prefetch(t) for t in made)
+        if i == r:
+            out.extend(Wait(t) for t in made)
+            continue
+        out.append(op)
+        out.extend(after.get(i, ()))
+    return out
+
+
+def drop(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
+    """``ops`` without the recomputation at index ``r`` and the next free of each
+    tensor it makes (right for one whose output nobody reads any more, once
+    another change took its reader away: the ledger's walk refuses the rest);
+    None when some tensor it makes is never freed after it."""
+    drop = {r}
+    for t in g.allocs_map[ops[r].step]:
+        k = next((k for k in range(r + 1, len(ops))
+                  if type(ops[k]) is Free and ops[k].tensor == t), None)
+        if k is None:
+            return None
+        drop.add(k)
+    return [o for i, o in enumerate(ops) if i not in drop]
+
+
+def variants(g: Graph, ops: list[Op], r: int):
+    """The plans :func:`polish` tries for the recomputation at ``r``: dropped,
+    undone, then swapped with the prefetch 1, 2, 4 or 8 computes ahead."""
+    yield drop(g, ops, r)
+    yield undo(g, ops, r)
+    for back in (1, 2, 4, 8):
+        yield swap(g, ops, r, back)
+
+
 def polish(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float
            ) -> tuple[float, list[Op], int]:
-    """(ms, ops, undone): ``ops`` with every recomputation undone that makes the
-    plan faster and still fitting ``cap``, tried costliest first, within about
-    ``seconds``."""
+    """(ms, ops, changed): ``ops`` with every recomputation dropped, undone or
+    swapped instead that makes the plan faster and still fitting ``cap``, one
+    at a time, within about ``seconds``: the better of two greedy orders,
+    latest first (a recomputation that only fed a later one, once that one is
+    undone, can go) and costliest first."""
+    t0 = time.perf_counter()
+    latest = greedy(g, cap, ops, ms, seconds / 2, lambda o, i: -i)
+    left = max(0.0, seconds - (time.perf_counter() - t0))
+    costliest = greedy(g, cap, ops, ms, left, lambda o, i: -g.step_ms(o.step, o.algo))
+    return min(latest, costliest, key=lambda x: x[0])
+
+
+def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key
+           ) -> tuple[float, list[Op], int]:
+    """:func:`polish` in one order (``key(op, index)``, least first): the first
+    recomputation some change of which makes the plan faster takes its best
+    change, and the search starts again on the new plan."""
     t0 = time.perf_counter()
     ops = list(ops)
-    undone = 0
+    changed = 0
     tried: set = set()
     while time.perf_counter() - t0 < seconds:
-        cands = sorted(((g.step_ms(o.step, o.algo), i) for i, o in enumerate(ops)
+        cands = sorted((i for i, o in enumerate(ops)
                         if type(o) is Compute and o.phase == "R" and (o, i) not in tried),
-                       reverse=True)
+                       key=lambda i: key(ops[i], i))
         better = None
-        for _, i in cands:
+        for i in cands:
             if time.perf_counter() - t0 >= seconds:
                 break
             tried.add((ops[i], i))
-            new = undo(g, ops, i)
-            if new is None:
-                continue
-            try:
-                ledger.walk(g, replay.with_optimizer_step(g, new))
-            except ScheduleError:
-                continue
-            if replay.planned_peak(g, new, cap)[1] is not None:
-                continue
-            t = replay.estimate_ms(g, new, cap)
-            if t < ms - 1e-9:
-                better = (t, new)
+            for new in variants(g, ops, i):
+                if new is None:
+                    continue
+                try:
+                    ledger.walk(g, replay.with_optimizer_step(g, new))
+                except ScheduleError:
+                    continue
+                if replay.planned_peak(g, new, cap)[1] is not None:
+                    continue
+                t = replay.estimate_ms(g, new, cap)
+                if t < ms - 1e-9 and (better is None or t < better[0]):
+                    better = (t, new)
+            if better is not None:
                 break
         if better is None:
             break
         ms, ops = better
-        undone += 1
+        changed += 1
         tried = set()   # indices moved: try the rest again on the new plan
-    return ms, ops, undone
+    return ms, ops, changed
