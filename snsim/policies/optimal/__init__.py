@@ -7,7 +7,13 @@ with HiGHS, as a reference the heuristics are measured against.
 * :mod:`.decode`: the solution as ops, and the model's predicted peak;
 * :mod:`.start`: a heuristic's plan read as the model's binaries (the warm
   start: the first heuristic plan, fastest first, that is in the class and
-  satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``).
+  satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``);
+* :mod:`.polish`: the best plan's recomputations dropped, undone or swapped
+  where that is faster (``source`` ``<name>+polish``, ``stats["polished"]``).
+
+With a heuristic plan, the MILP is searched only for faster plans
+(:func:`capped`: its time caps the makespan; status ``cutoff`` when the
+class has none).
 
 The plan returned is never worse than the heuristics: the best feasible plan
 of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
@@ -59,7 +65,7 @@ MAX_COLUMNS = 400_000
 MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
 MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
-POLISH_S = 5.0         # at most this long undoing recomputations (polish.py) ...
+POLISH_S = 5.0         # at most this long polishing a plan (polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 
 
