@@ -38,9 +38,19 @@ def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
     """``ops`` with the recomputation at index ``r`` undone, or None when some
     tensor it makes was not freed before it, or something other than a free
     touched it in between (a swap: not undone here)."""
-    op = ops[r]
-    drop = {r}
-    for t in g.allocs_map[op.step]:
+    frees = last_frees(g, ops, r)
+    if frees is None:
+        return None
+    drop = {r, *frees.values()}
+    return [o for i, o in enumerate(ops) if i not in drop]
+
+
+def last_frees(g: Graph, ops: list[Op], r: int) -> dict | None:
+    """Per tensor the recomputation at index ``r`` makes, the index of its last
+    ``Free`` before ``r``; None when one was never freed before it, or
+    something other than a free touched it in between."""
+    frees = {}
+    for t in g.allocs_map[ops[r].step]:
         k = r - 1
         while k >= 0 and not (type(ops[k]) is Free and ops[k].tensor == t):
             if getattr(ops[k], "tensor", None) == t:
@@ -48,8 +58,8 @@ def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
             k -= 1
         if k < 0:
             return None
-        drop.add(k)
-    return [o for i, o in enumerate(ops) if i not in drop]
+        frees[t] = k
+    return frees
 
 
 def swap(g: Graph, ops: list[Op], r: int, back: int) -> list[Op] | None:
@@ -60,16 +70,9 @@ def swap(g: Graph, ops: list[Op], r: int, back: int) -> list[Op] | None:
     where :func:`undo` finds it cannot be undone or the prefetch would come
     before the free."""
     made = g.allocs_map[ops[r].step]
-    frees = {}
-    for t in made:
-        k = r - 1
-        while k >= 0 and not (type(ops[k]) is Free and ops[k].tensor == t):
-            if getattr(ops[k], "tensor", None) == t:
-                return None
-            k -= 1
-        if k < 0:
-            return None
-        frees[t] = k
+    frees = last_frees(g, ops, r)
+    if frees is None:
+        return None
     p, seen = r, 0
     while seen < back:
         p -= 1
