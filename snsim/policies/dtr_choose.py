@@ -48,8 +48,9 @@ class Chooser:
         """The smallest exact score among ``slots`` (pool slots, ``lb`` their lower
         bounds, raised here where a search stopped) and its index in ``slots``,
         best first: the candidate with the smallest bound is scored with its
-        search cut at the next smallest bound (or twice the cost found so far),
-        its bound raised if cut, until the smallest bound is an exact score.
+        search cut at the next smallest bound (or at twice its own, so that a
+        candidate searched again searches at least twice as far), its bound
+        raised if cut, until the smallest bound is an exact score.
         Among the ``FIRST`` smallest bounds, then all; None if no score is
         finite."""
         n = len(slots)
