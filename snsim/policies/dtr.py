@@ -258,6 +258,7 @@ class Planner(Chooser):
                 i = slot.get(t)
                 if i is not None and (t[0] != "S" or j in up[q]):
                     N[i] += ms
+
     def bound_near(self, t: Tensor) -> None:
         """Candidate ``t``'s neighbours' bound (``N``): its own time plus its
         evicted neighbours' (they are in its regions), kept up to date by

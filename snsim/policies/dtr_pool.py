@@ -21,11 +21,10 @@ from snsim.graph import Graph, Tensor
 
 class Pool:
     """The resident evictable tensors, one slot each, with numpy columns:
-    ``A`` last access (ms), ``F`` own forward ms, ``K`` a lower bound of the
-    neighbourhood cost (the last exact one, lowered by the planner when an
-    evicted node in its regions comes back), ``N`` another: its own time plus
-    its evicted neighbours' (the planner keeps it up to date on every eviction
-    and return), ``S`` bytes, ``P`` 0 or inf (pinned), ``E`` when
+    ``A`` last access (ms), ``K`` a lower bound of the neighbourhood cost (the
+    last exact one, lowered by the planner when an evicted node in its regions
+    comes back), ``N`` another: its own time plus its evicted neighbours' (the
+    planner keeps it up to date on every eviction and return), ``S`` bytes, ``P`` 0 or inf (pinned), ``E`` when
     it last became evictable (made, or its last pin released): simrd's pool
     order, which breaks ties (the latest wins, as its scan's ``<=`` does)."""
 
@@ -34,7 +33,6 @@ class Pool:
         self.slot: dict = {}
         n = max(1, capacity)
         self.A = np.zeros(n)
-        self.F = np.zeros(n)
         self.K = np.zeros(n)
         self.N = np.zeros(n)
         self.S = np.zeros(n)
@@ -49,7 +47,7 @@ class Pool:
         k = len(self.t)
         self.slot[t] = k
         self.t.append(t)
-        self.A[k], self.F[k], self.K[k], self.N[k], self.S[k] = last, fwd, fwd, fwd, size
+        self.A[k], self.K[k], self.N[k], self.S[k] = last, fwd, fwd, size
         self.P[k] = math.inf if pinned else 0.0
         self.seq += 1
         self.E[k] = self.seq
@@ -67,8 +65,8 @@ class Pool:
             n = len(self.t)
             self.t[k] = last
             self.slot[last] = k
-            self.A[k], self.F[k], self.K[k], self.N[k], self.S[k], self.P[k], self.E[k] = (
-                self.A[n], self.F[n], self.K[n], self.N[n], self.S[n], self.P[n], self.E[n])
+            self.A[k], self.K[k], self.N[k], self.S[k], self.P[k], self.E[k] = (
+                self.A[n], self.K[n], self.N[n], self.S[n], self.P[n], self.E[n])
 
     def cached(self, i: int, cost: float) -> None:
         self.K[i] = cost
