@@ -72,6 +72,13 @@ def _load(path: str, device: str | None = None, progress: bool | None = None):
     return graph
 
 
+def _budget(text: str | None, graph) -> int | None:
+    """``--budget`` for ``graph``: a size, a multiple of its lower bound, or of
+    the baseline peak an imported op log records."""
+    return parse_budget(text, graph.lower_bound_bytes,
+                        graph.trace.source.get("baseline_peak_bytes"))
+
+
 def _run_policies(graph, policy: str, budget: int | None, record: bool,
                   options: dict | None = None, progress: bool = False,
                   thrash_limit: float = 2.0):
@@ -139,8 +146,7 @@ def cmd_simulate(args) -> int:
             check_writable(out)  # fail before the work, not after it
     show = not args.no_progress and sys.stderr.isatty()
     graph = _with_training(_load(args.trace, args.device, progress=show), args)
-    budget = parse_budget(args.budget, graph.lower_bound_bytes,
-                          graph.trace.source.get("baseline_peak_bytes"))
+    budget = _budget(args.budget, graph)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
                             {"time_limit": args.time_limit}, progress=show,
@@ -224,8 +230,7 @@ def cmd_schedule(args) -> int:
         raise SnsimError(f"schedule needs one policy, got {args.policy!r}; choose from: "
                          + ", ".join(policies.names()))
     graph = _load(args.trace)
-    budget = parse_budget(args.budget, graph.lower_bound_bytes,
-                          graph.trace.source.get("baseline_peak_bytes"))
+    budget = _budget(args.budget, graph)
     schedule = policies.plan(policies.get(args.policy).name, PlanContext(graph, budget))
     verify(graph, schedule)
     print(SCHEDULE_KEY)

@@ -74,12 +74,10 @@ def parse_budget(text: str | None, lower_bound_bytes: int,
     if text is None:
         return None
     t = str(text).strip().lower()
-    for suffix, base in (("xbaseline", baseline_bytes), ("xlb", lower_bound_bytes)):
-        if t.endswith(suffix):
-            break
-    else:
-        suffix = None
+    bases = {"xbaseline": baseline_bytes, "xlb": lower_bound_bytes}
+    suffix = next((x for x in bases if t.endswith(x)), None)
     if suffix is not None:
+        base = bases[suffix]
         try:
             factor = float(t[:-len(suffix)])
         except ValueError:
