@@ -60,20 +60,13 @@ def segments(graph: Graph, keep: list[bool]) -> tuple[list[list[int]], list[int]
 
 def layer_bwd_bytes(graph: Graph, i: int) -> int:
     """``l_i``: bytes B_i needs and allocates plus its workspace (no params)."""
-    step = ("B", i)
-    return graph.step_bytes(step) + graph.workspace_bytes(step)
-
-
-def layer_fwd_bytes(graph: Graph, i: int) -> int:
-    """Forward memory of a layer: inputs, output, saved extras, workspace."""
-    step = ("F", i)
-    return graph.step_bytes(step) + graph.workspace_bytes(step)
+    return next(_steps_bytes(graph, [("B", i)]))
 
 
 def _steps_bytes(graph: Graph, steps):
-    """``step_bytes + workspace_bytes`` of each step, inline (the per-layer loops
-    below: ~10^4 steps on a deep trace); the same sums as :func:`layer_bwd_bytes`
-    and :func:`layer_fwd_bytes`."""
+    """Per step, the bytes it needs and allocates plus its workspace
+    (``graph.step_bytes`` + ``graph.workspace_bytes``), inline for the per-layer
+    loops below (~10^4 steps on a deep trace)."""
     size = graph.sizes.__getitem__
     needs, allocs, lys, ws = graph.needs_map, graph.allocs_map, graph.layers, graph.workspace_bytes
     for step in steps:
@@ -82,7 +75,8 @@ def _steps_bytes(graph: Graph, steps):
 
 
 def fwd_bytes_sum(graph: Graph, ids) -> int:
-    """``sum(layer_fwd_bytes(graph, i) for i in ids)``."""
+    """The forward memory of layers ``ids`` summed: each F step's inputs, output,
+    saved extras and workspace."""
     return sum(_steps_bytes(graph, [("F", i) for i in ids]))
 
 
