@@ -53,8 +53,11 @@ def single_table(r: SimResult) -> str:
         ("budget", fmt_bytes(r.capacity_bytes) + ("" if r.budget_bytes is not None
                                                   else " (device memory)")),
         ("feasible", "yes" if r.feasible else f"NO: {r.reason}"),
+        # a run that stopped has no peak, only what it reached (as the JSON's
+        # partial_peak_bytes): not a fraction of the lower bound to read as a result
         ("peak memory", f"{fmt_bytes(r.peak_bytes)}  ({r.peak_bytes} B, "
-                        f"{r.peak_bytes / r.lower_bound_bytes:.3f} x lower bound)"),
+                        f"{r.peak_bytes / r.lower_bound_bytes:.3f} x lower bound)"
+         if r.feasible else f"- (reached {fmt_bytes(r.peak_bytes)} before it stopped)"),
         ("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
          else "static (+optimizer)", fmt_bytes(r.static_bytes)),
         ("lower bound", fmt_bytes(r.lower_bound_bytes)),

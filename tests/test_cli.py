@@ -28,6 +28,19 @@ def test_simulate_table(capsys):
     assert "peak memory" in out and "lower bound" in out
 
 
+def test_simulate_table_of_an_infeasible_run_reads_no_peak(capsys):
+    # a run that stopped part-way has no peak (the JSON's peak_bytes is null): the
+    # table says what it reached, not a fraction of the lower bound
+    code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "liveness",
+                           "--budget", "1.05xlb")
+    assert code == 0
+    assert "NO: " in next(line for line in out.splitlines() if line.startswith("feasible"))
+    peak = next(line for line in out.splitlines() if line.startswith("peak memory"))
+    assert "before it stopped" in peak and "lower bound" not in peak
+    assert next(line for line in out.splitlines()
+                if line.startswith("iteration")).split(None, 1)[1].startswith("- (stopped at")
+
+
 def test_simulate_json_is_exact_json(capsys):
     code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "liveness", "--json")
     assert code == 0
