@@ -98,3 +98,27 @@ def test_simulate_device_reprices_half_kernels(cpu_rules, tmp_path, capsys):
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["compute_ms"] == pytest.approx(compute, rel=1e-4)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (device suite)")
+
+
+@CUDA
+@pytest.mark.parametrize("spec, batch, precision", [
+    ("toymodels:residual", 4, "fp16"),
+    ("toymodels:residual", 4, "bf16"),
+    ("families:mha_classifier", None, "fp16"),
+    ("toymodels:concat", 2, "off"),
+])
+def test_modeled_amp_bytes_equal_measured_cuda(spec, batch, precision):
+    """Where a GPU exists a modeled profile follows CUDA autocast's rules: its
+    bytes, dtypes and structure equal a profile measured on that GPU."""
+    assert amp.rules_device().type == "cuda"
+    tr = Training(optimizer="adam", amp=precision)
+    modeled = profiler.profile(spec, batch, device_model="h100", training=tr)
+    measured = profiler.profile(spec, batch, device="cuda", repeats=1, warmup=0, training=tr)
+    assert len(modeled["layers"]) == len(measured["layers"])
+    diff = [(m["name"], {k: (m.get(k), r.get(k)) for k in FIELDS if m.get(k) != r.get(k)})
+            for m, r in zip(modeled["layers"], measured["layers"])
+            if any(m.get(k) != r.get(k) for k in FIELDS)]
+    assert not diff, diff

@@ -108,3 +108,21 @@ def test_validate_infeasible_plan_shows_no_peak_error(capsys):
     peak_line = next(line for line in text.splitlines() if "peak memory" in line)
     assert "no prediction to compare" in peak_line and "error" not in peak_line
     assert "predicted" not in next(line for line in text.splitlines() if "step time" in line)
+
+
+def test_grad_difference_matches_overflow_element_for_element():
+    """An fp16 backward that overflowed its loss scale (the step GradScaler skips)
+    agrees when both sides overflowed in the same elements; one side only, or a
+    different element, is a difference."""
+    import torch
+
+    from snsim.validation.run import grad_difference
+
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([1.0, inf, 3.0, nan])
+    assert grad_difference(["w"], [a], [torch.tensor([1.0, inf, 3.5, nan])]) == (0.5, "w")
+    for other in ([1.0, 2.0, 3.0, nan], [1.0, -inf, 3.0, nan], [inf, 1.0, 3.0, nan],
+                  [1.0, inf, 3.0, 4.0]):
+        assert grad_difference(["w"], [a], [torch.tensor(other)]) == (inf, "w")
+    assert grad_difference(["w"], [torch.tensor([inf])], [torch.tensor([inf])]) == (0.0, None)
+    assert grad_difference(["w"], [torch.tensor([2.0])], [None]) == (2.0, "w")

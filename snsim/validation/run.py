@@ -343,13 +343,29 @@ def grad_difference(names, grads, ref) -> tuple[float, str | None]:
     """Largest |executor - autograd| over the parameters' gradients, and whose.
 
     A gradient one side has and the other lacks counts as its own size: a
-    gradient lost on the way is never a silent 0.
+    gradient lost on the way is never a silent 0.  Non-finite elements (an
+    fp16 backward that overflowed its loss scale: the step a ``GradScaler``
+    skips) must be the same on both sides, element for element (inf, -inf or
+    NaN); the difference is over the finite ones.
     """
+    import torch
+
     worst, name = 0.0, None
     for n, a, b in zip(names, grads, ref):
         if not a.numel():
             continue
-        d = (a.abs() if b is None else (a - b).abs()).max().item()
+        if b is None:
+            d = a.abs().max().item()
+        else:
+            fa, fb = torch.isfinite(a), torch.isfinite(b)
+            if fa.all() and fb.all():
+                d = (a - b).abs().max().item()
+            elif not torch.equal(fa, fb) or not torch.equal(
+                    torch.nan_to_num(a.masked_fill(fa, 0), nan=1.0),
+                    torch.nan_to_num(b.masked_fill(fb, 0), nan=1.0)):
+                d = float("inf")   # overflowed on one side only, or differently
+            else:
+                d = (a[fa] - b[fb]).abs().max().item() if fa.any() else 0.0
         if d != d:  # NaN on one side
             d = float("inf")
         if d > worst:
