@@ -34,6 +34,27 @@ class _Infeasible(Exception):
     pass
 
 
+class _Queue:
+    """A copy engine's FIFO: ``put`` appends and wakes the engine if it is idle
+    (waiting on ``idle``); the engine pops without an event while copies are
+    queued."""
+
+    __slots__ = ("items", "idle")
+
+    def __init__(self, env):
+        from collections import deque
+
+        self.items: deque = deque()
+        self.idle = None
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        idle = self.idle
+        if idle is not None:
+            self.idle = None
+            idle.succeed()
+
+
 class Replay:
     """State of one replay: build it, ``env.run()`` it, read ``peak`` and ``env.now``;
     :func:`simulate` does that and returns a :class:`SimResult`."""
@@ -86,8 +107,10 @@ class Replay:
 
         self._env = env = simpy.Environment()
         self.freed_event = env.event()
-        self.h2d = simpy.Store(env)
-        self.d2h = simpy.Store(env)
+        # each engine's queue of copies, and the event an idle engine waits on (a
+        # plain deque: a simpy.Store costs a put and a get event per copy)
+        self.h2d = _Queue(env)
+        self.d2h = _Queue(env)
         dev = self.g.trace.device
         self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
                         self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
@@ -303,8 +326,12 @@ class Replay:
 
     def _copy_engine(self, queue, name: str, bandwidth: float):
         env, size = self.env, self.g.size
+        items = queue.items
         while True:
-            t, ev, k = yield queue.get()
+            if not items:
+                queue.idle = env.event()
+                yield queue.idle
+            t, ev, k = items.popleft()
             if name == "h2d":
                 pending = self.offloading.get(t)
                 if pending is not None and not pending.triggered:
