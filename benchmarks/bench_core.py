@@ -84,32 +84,10 @@ def main() -> None:
     bench("resnet-2500 [6,32,788,6] (liveness)", resnet, args.repeats)
     # the simpy path: a schedule with an offload and a prefetch per layer
     bench("resnet-2500 [6,32,788,6] (vdnn-all)", resnet, args.repeats, policy="vdnn-all")
-    print(f"bare simpy, three-process shape: {simpy_rate() / 1e6:.2f} M events/s on this "
+    from bench_whole import simpy_reference   # this folder: run as a script
+
+    print(f"bare simpy, three-process shape: {simpy_reference() / 1e6:.2f} M events/s on this "
           "machine now")
-
-
-def simpy_rate(n: int = 20_000) -> float:
-    """Events/s of bare simpy: a compute process of ``n`` timeouts beside two idle
-    copy engines (benchmarks/bench_whole.py prints the same figure)."""
-    import simpy
-
-    env = simpy.Environment()
-    h2d, d2h = simpy.Store(env), simpy.Store(env)
-
-    def engine(q):
-        while True:
-            yield q.get()
-
-    def compute():
-        for _ in range(n):
-            yield env.timeout(1.0)
-
-    env.process(engine(h2d))
-    env.process(engine(d2h))
-    env.process(compute())
-    t0 = time.perf_counter()
-    env.run()
-    return n / (time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
