@@ -21,6 +21,7 @@ module adds time.
 from __future__ import annotations
 
 import gc
+from collections import deque
 
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
@@ -41,9 +42,7 @@ class _Queue:
 
     __slots__ = ("items", "idle")
 
-    def __init__(self, env):
-        from collections import deque
-
+    def __init__(self):
         self.items: deque = deque()
         self.idle = None
 
@@ -109,8 +108,8 @@ class Replay:
         self.freed_event = env.event()
         # each engine's queue of copies, and the event an idle engine waits on (a
         # plain deque: a simpy.Store costs a put and a get event per copy)
-        self.h2d = _Queue(env)
-        self.d2h = _Queue(env)
+        self.h2d = _Queue()
+        self.d2h = _Queue()
         dev = self.g.trace.device
         self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
                         self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
