@@ -70,6 +70,7 @@ from snsim.graph import Graph
 from snsim.policies.base import PlanContext
 from snsim.search.cache import ProbeCache
 from snsim.search.models import Family
+from snsim.search.workers import Pool
 
 # No search goes past this size (2^20 blocks or samples): far beyond 12 GB.
 MAX_SIZE = 1 << 20
@@ -296,11 +297,11 @@ def search(policy: str, family: Family, budget_bytes: int | None,
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     s = _Searcher(policy, family, budget_bytes, cache, on_probe)
-    with _Pool(workers) as pool:
+    with Pool(workers) as pool:
         return _search(s, start, pool)
 
 
-def _search(s: "_Searcher", start: int, pool: "_Pool") -> SearchResult:
+def _search(s: "_Searcher", start: int, pool: Pool) -> SearchResult:
     policy, family, label = s.policy, s.family, s.family.label
     if s.over(start):
         s.run(start)  # decided by the bound: reported as the one probe
@@ -462,61 +463,6 @@ def recompute_margin(row: dict[str, Any] | None) -> float | None:
     if share <= 0:
         return None
     return 1.0 - share / (PlanContext.thrash_limit - 1.0)
-
-
-_WORKER: "_Searcher | None" = None   # the searcher a forked worker probes for
-
-
-def _measure_in_worker(x: int) -> tuple[int, tuple[tuple[int, int], Probe]]:
-    p = _WORKER.measure(x)
-    return x, (_WORKER.bound(x), p)
-
-
-def _ignore_sigint() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent stops the search
-
-
-class _Pool:
-    """``workers`` forked processes, started at the first step that needs them (they
-    inherit the searcher: its family's graph builders are closures) and ended
-    with the search.  Without fork (Windows) the probes run one by one."""
-
-    def __init__(self, workers: int):
-        import multiprocessing
-
-        self.workers = workers
-        if "fork" not in multiprocessing.get_all_start_methods():
-            self.workers = 1
-        self.pool = None
-        self.searcher = None
-
-    def map(self, searcher: "_Searcher", xs: list[int]):
-        global _WORKER
-        if self.pool is None or self.searcher is not searcher:
-            import multiprocessing
-
-            self.close()
-            _WORKER = searcher
-            self.pool = multiprocessing.get_context("fork").Pool(
-                self.workers, initializer=_ignore_sigint)
-            self.searcher = searcher
-        return self.pool.map(_measure_in_worker, xs, chunksize=1)
-
-    def close(self) -> None:
-        global _WORKER
-        if self.pool is not None:
-            self.pool.terminate()   # idle or interrupted: nothing to wait for
-            self.pool.join()
-            self.pool = None
-        _WORKER = None
-
-    def __enter__(self) -> "_Pool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _beyond(top: int) -> Probe:

@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Largest network a policy fits in the budget: the deepest ResNet "
                           "(family [6, 32, n, 6], depth 3n + 134, searched in n) or the "
                           "largest batch of a zoo model; the exact largest (bracket from the "
-                          "lower bound, the peaks' line, bisection), probes cached.")
+                          "lower bound, the peaks' line, the recomputation's margin, bisection), "
+                          "probes cached.")
     parser.add_argument("what", choices=("max-depth", "max-batch"),
                         help="max-depth: deepest ResNet; max-batch: largest batch of --model")
     parser.add_argument("--policy", default="superneurons", help="policy (default: %(default)s)")
@@ -32,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "is OUT/cache)")
     parser.add_argument("--no-cache", action="store_true", help="plan every probe, keep none")
     parser.add_argument("--workers", type=int, default=default_workers(), metavar="N",
-                        help="sizes probed at once, each in its own process (default: "
-                        "the CPUs, at most %d: %%(default)s); the answer is the same "
-                        "with any N" % MAX_WORKERS)
+                        help="processes probing the sizes the search may ask for next "
+                        "while it waits (default: the CPUs, at most %d: %%(default)s); "
+                        "the probes and the answer are the same with any N" % MAX_WORKERS)
 
 
 MAX_WORKERS = 4   # each probe of a deep network holds its own graph and plan
