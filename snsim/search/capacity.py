@@ -23,26 +23,60 @@ the true largest size, not the largest tried.  What it probes:
    peak to the budget: their peak sits at the budget whatever the size) turns
    the prediction off; then ``top`` is tried once (policies that reach the bound
    stop there) and the rest is bisection, so the worst case stays logarithmic.
+3. **The recomputation's margin.** A policy that holds its peak at the budget
+   and recomputes instead (``dtr``) fails where its recomputation reaches the
+   context's limit, ``(thrash_limit - 1) x`` the compute.  Its fitting probes
+   say how much of that allowance is left (the margin ``m``); taking the
+   recomputation to grow as the inverse of the slack (budget less lower bound),
+   the margin lasts ``m x slack`` of further bound, which gives a predicted
+   last fit ``e``.  The next probe stays an eighth of the way from ``lo`` to
+   ``e`` short of it (the prediction's error grows with the distance it
+   extrapolates).  A prediction that the bracket's failure contradicts
+   (``e >= hi - 1``) is not used, nor one into a bracket of at most
+   :data:`SMALL_BRACKET` sizes (near the edge ``dtr``'s recomputation jumps by
+   a few sizes' worth, more than an even cut loses), nor a share of the
+   compute that is not at least twice the smallest fitting probe's (``sqrt-n``
+   recomputes a fixed share and fails by memory).  Two probes that fail where
+   the margin said fit, or :data:`MARGIN_STEPS` predictions, end this step;
+   then bisection.
+
+The margin step is a pair: the short size, then (if it fits) the edge itself,
+so what comes after the short size does not wait for its row.  A peak line that
+is flat (the peak exactly at the budget) predicts nothing: the prediction is
+turned off at once, not doubled into the bound one size at a time.
+
+**Workers.** With ``workers > 1`` the sizes the search may ask for next (if this
+one fits, if it fails, and so on, where that needs no row not yet there) are
+probed at the same time in forked processes; a result is used only when the
+search asks for its size, so the probes, and the answer, are the same with any
+number of workers, even for a policy that is not monotone.  Only the wall time
+differs: each guess that comes true saves a probe's time.
 
 Each probe is one :func:`snsim.evaluate.evaluate` point.  With a
 :class:`~snsim.search.cache.ProbeCache`, probes and bounds already on disk are
-read, not planned, and new ones are written as they finish.
+read, not planned, and new ones are written as they finish (by the workers too:
+each file is written whole, temp + rename).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from snsim.errors import SnsimError
 from snsim.evaluate import evaluate
 from snsim.graph import Graph
+from snsim.policies.base import PlanContext
 from snsim.search.cache import ProbeCache
 from snsim.search.models import Family
+from snsim.search.workers import Pool
 
 # No search goes past this size (2^20 blocks or samples): far beyond 12 GB.
 MAX_SIZE = 1 << 20
 MISSES = 2  # wrong predictions before the search stops predicting
+MARGIN_STEPS = 8  # margin predictions per search at most (then bisection)
+SMALL_BRACKET = 16  # brackets this narrow are cut evenly, never predicted into
 
 
 @dataclass(frozen=True)
@@ -193,24 +227,49 @@ class _Searcher:
         return lo
 
     # ------------------------------------------------------------- probes
-    def run(self, x: int) -> Probe:
+    def measure(self, x: int) -> Probe:
+        """One size's probe (the cache's, else planned and cached), not recorded."""
         reason = self.over(x)
         if reason is not None:
-            p = Probe(x, False, reason, None)
-        else:
-            fields = {"trace": self.family.identity(x), "policy": self.policy,
-                      "budget_bytes": self.cap(x)}
-            rec = self.cache.get("probe", fields) if self.cache else None
-            if rec is not None:
-                p = Probe(x, bool(rec["feasible"]), rec.get("reason"), rec, cached=True)
-            else:
-                p = _evaluated(self.family.graph(x), self.policy, self.budget, x)
-                if self.cache:
-                    self.cache.put("probe", fields, p.row)
+            return Probe(x, False, reason, None)
+        fields = {"trace": self.family.identity(x), "policy": self.policy,
+                  "budget_bytes": self.cap(x)}
+        rec = self.cache.get("probe", fields) if self.cache else None
+        if rec is not None:
+            return Probe(x, bool(rec["feasible"]), rec.get("reason"), rec, cached=True)
+        p = _evaluated(self.family.graph(x), self.policy, self.budget, x)
+        if self.cache:
+            self.cache.put("probe", fields, p.row)
+        return p
+
+    def record(self, p: Probe) -> Probe:
         self.probes.append(p)
         if self.on_probe is not None:
             self.on_probe(p)
         return p
+
+    def run(self, x: int) -> Probe:
+        return self.record(self.measure(x))
+
+    def edge(self, good: Probe) -> int | None:
+        """The last fit the recomputation's margin predicts from ``good`` (the largest
+        fitting probe): its margin ``m`` lasts ``m x slack`` of further lower bound
+        when the recomputation grows as the inverse of the slack (budget less lower
+        bound).  None without a margin (a row that recomputes nothing, or a share of
+        the compute not even twice the smallest fitting probe's) or a slope."""
+        m = recompute_margin(good.row)
+        first = min((p for p in self.probes if p.feasible and p.row), key=lambda p: p.size)
+        if m is None or recompute_share(good.row) < 2 * recompute_share(first.row):
+            return None   # a share that does not grow (sqrt-n's) is no margin
+        lo = good.size
+        a = min(self.bounds)
+        if a == lo or lo not in self.bounds:
+            return None
+        slope = (self.bound(lo)[0] - self.bound(a)[0]) / (lo - a)
+        slack = self.cap(lo) - self.bound(lo)[0]
+        if slope <= 0 or slack <= 0:
+            return None
+        return lo + int(max(m, 0.0) * slack // slope)
 
     def predict(self) -> int | None:
         """Largest size the line through the two largest fitting probes' peaks keeps
@@ -232,62 +291,178 @@ class _Searcher:
 
 def search(policy: str, family: Family, budget_bytes: int | None,
            on_probe: Callable[[Probe], None] | None = None, start: int = 1,
-           cache: ProbeCache | None = None) -> SearchResult:
-    """Largest ``x >= start`` whose ``family.graph(x)`` the policy fits."""
+           cache: ProbeCache | None = None, workers: int = 1) -> SearchResult:
+    """Largest ``x >= start`` whose ``family.graph(x)`` the policy fits; ``workers``
+    sizes probed at once (forked processes) where a step has that many."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     s = _Searcher(policy, family, budget_bytes, cache, on_probe)
-    label = family.label
+    with Pool(workers) as pool:
+        return _search(s, start, pool)
+
+
+def _search(s: "_Searcher", start: int, pool: Pool) -> SearchResult:
+    policy, family, label = s.policy, s.family, s.family.label
     if s.over(start):
         s.run(start)  # decided by the bound: reported as the one probe
         return SearchResult(policy, family.what, None, None, label(start), s.over(start),
                             tuple(s.probes))
-    top, checked = s.estimate_top(start), False
-    bad = _beyond(top)
-    good: Probe | None = None
-    x, predicted = start, None   # predicted: the size the last prediction said fits last
-    trust, misses, tried_top = True, 0, False
-    while True:
-        if x is not None:
-            p = s.run(x)
-            tried_top = tried_top or x == top
-            if predicted is not None and p.feasible != (x <= predicted):
-                misses += 1
-                trust = misses < MISSES
-            if p.feasible:
-                good = p
-            else:
-                bad = p
-        if good is None:
-            break
-        if bad.size - good.size <= 1:
-            if bad.reason is not None or checked:
-                break
-            # the bracket ends at the estimated bound: check it (graphs only, once)
-            top, checked = s.top(start), True
-            bad = _beyond(top) if top >= bad.size else Probe(top + 1, False, s.over(top + 1),
-                                                              None)
-            if top >= MAX_SIZE or bad.size - good.size <= 1:
-                if bad.reason is None:
-                    bad = Probe(bad.size, False, s.over(bad.size), None)
-                break
-            x = None
-            continue
-        lo, hi = good.size, bad.size
-        predicted = s.predict() if trust else None
-        if trust and predicted is None:
-            x = min(2 * lo, hi - 1)            # doubling until two fitting peaks
-        elif trust:
-            x = min(max(predicted, lo + 1), hi - 1)
-            if x > predicted:
-                predicted = x - 1              # says lo is the answer: x should fail
-        elif not tried_top and hi == top + 1:
-            x = top                            # policies that reach the bound stop here
+    st = _State(s, start)
+    ahead: dict[int, tuple[tuple[int, int], Probe]] = {}  # sizes probed ahead of asking
+    x: int | None = start
+    while x is not None:
+        if x in ahead:
+            bound, p = ahead.pop(x)
+            s.bounds[x] = bound
+            s.record(p)
         else:
-            x = (lo + hi) // 2
+            guesses = [g for g in st.guesses(x, pool.workers - 1)
+                       if g not in ahead and not (g in s.bounds and s.over(g))]
+            if not guesses or (x in s.bounds and s.over(x)):
+                p = s.run(x)
+            else:
+                done = dict(pool.map(s, [x] + guesses))
+                bound, p = done.pop(x)
+                s.bounds[x] = bound
+                s.record(p)
+                ahead.update(done)
+        st.update(p)
+        x = st.next()
+    good, bad = st.good, st.bad
     if good is not None and good.size >= MAX_SIZE:
         raise ValueError(f"{policy} fits {family.what} {label(good.size)}: the search stops "
                          f"at {MAX_SIZE} (is the budget meant to be this large?)")
     return SearchResult(policy, family.what, label(good.size) if good else None, good,
                         label(bad.size), bad.reason, tuple(s.probes))
+
+
+class _State:
+    """The bracket and the predictions: :meth:`next` is the size to probe next given
+    every probe so far (:meth:`update`).  A copy told a made-up outcome says what
+    would come next (:meth:`guesses`): workers probe those ahead, and a guess is
+    used only if the search asks for it, so the probes are the same with any
+    number of workers."""
+
+    def __init__(self, s: "_Searcher", start: int):
+        self.s, self.start = s, start
+        self.top, self.checked = s.estimate_top(start), False
+        self.bad: Probe = _beyond(self.top)
+        self.good: Probe | None = None
+        self.predicted: int | None = None  # the size the peak line said fits last
+        self.trust, self.misses, self.tried_top = True, 0, False
+        self.edge: int | None = None       # the last fit the margin predicts
+        self.margin_misses = self.margin_steps = 0
+        self.then: int | None = None       # the margin's edge, probed next if its
+        #                                    short step fits
+        self.blind = False                 # a guess needed a made-up probe's row
+
+    def update(self, p: Probe) -> None:
+        self.tried_top = self.tried_top or p.size == self.top
+        if self.predicted is not None and p.feasible != (p.size <= self.predicted):
+            self.misses += 1
+            self.trust = self.misses < MISSES
+        if self.edge is not None and not p.feasible and p.size <= self.edge:
+            self.margin_misses += 1
+        if p.feasible:
+            self.good = p
+        else:
+            self.bad, self.then = p, None
+
+    def next(self) -> int | None:
+        """The next size, None when the search is over."""
+        s, good = self.s, self.good
+        if good is None:
+            return None
+        if self.bad.size - good.size <= 1:
+            if self.bad.reason is not None or self.checked:
+                return None
+            # the bracket ends at the estimated bound: check it (graphs only, once)
+            top, self.checked = s.top(self.start), True
+            self.top = top
+            self.bad = bad = _beyond(top) if top >= self.bad.size else \
+                Probe(top + 1, False, s.over(top + 1), None)
+            if top >= MAX_SIZE or bad.size - good.size <= 1:
+                if bad.reason is None:
+                    self.bad = Probe(bad.size, False, s.over(bad.size), None)
+                return None
+            return self.next()
+        lo, hi = good.size, self.bad.size
+        if self.then is not None:
+            x, self.then = self.then, None
+            if lo < x < hi:
+                return x
+        self.predicted = None
+        if self.trust:
+            if good.row is None:
+                self.blind = True
+                return None
+            predicted = s.predict()
+            if predicted is not None:
+                x = min(max(predicted, lo + 1), hi - 1)
+                self.predicted = x - 1 if x > predicted else predicted  # x > predicted:
+                return x                         # says lo is the answer, x should fail
+            if sum(1 for p in s.probes if p.feasible and p.row) < 2:
+                return min(2 * lo, hi - 1)       # doubling until two fitting peaks
+            self.trust = False                   # a flat line: the peak sits at the budget
+        self.edge = None
+        if self.margin_misses < MISSES and self.margin_steps < MARGIN_STEPS \
+                and hi - lo > SMALL_BRACKET:
+            if good.row is None:
+                self.blind = True
+                return None
+            edge = s.edge(good)
+            # not when the margin does not explain hi's failure
+            self.edge = edge if edge is not None and edge < hi - 1 else None
+        if not self.tried_top and hi == self.top + 1:
+            return self.top                      # policies that reach the bound stop here
+        if self.edge is None:
+            return (lo + hi) // 2
+        self.margin_steps += 1
+        edge = max(self.edge, lo)
+        # an eighth of the way to the edge short of it (the error grows with the
+        # distance predicted), then the edge itself if that fits
+        x = max(edge - (edge - lo) // 8, lo + 1)
+        self.then = edge if edge > x else None
+        return x
+
+    def guesses(self, x: int, k: int) -> list[int]:
+        """Up to ``k`` sizes the search may ask for after ``x``: what comes next if x
+        fits, if it fails, and so on (breadth first), where that does not depend on a
+        probe's row that is not there yet."""
+        out: list[int] = []
+        frontier = [(self, x)]
+        while frontier and len(out) < k:
+            st, y = frontier.pop(0)
+            for fits in (True, False):
+                h = copy.copy(st)
+                h.blind = False
+                h.update(Probe(y, fits, None, None))
+                if h.good is None or h.bad.size - h.good.size <= 1:
+                    continue    # ends, or checks the bound: nothing to guess
+                z = h.next()
+                if z is None or h.blind or z in out or z == x:
+                    continue
+                out.append(z)
+                frontier.append((h, z))
+                if len(out) == k:
+                    break
+        return out
+
+
+def recompute_share(row: dict[str, Any]) -> float:
+    """Recomputation over compute (0 when the row has neither)."""
+    rec, comp = row.get("recompute_ms") or 0.0, row.get("compute_ms") or 0.0
+    return rec / comp if rec > 0 and comp > 0 else 0.0
+
+
+def recompute_margin(row: dict[str, Any] | None) -> float | None:
+    """The unused fraction of the recomputation a plan may add, ``1 - recompute /
+    ((thrash_limit - 1) x compute)`` at the context's default limit (the one a
+    search's evaluation runs under); None when the row recomputes nothing."""
+    share = recompute_share(row) if row else 0.0
+    if share <= 0:
+        return None
+    return 1.0 - share / (PlanContext.thrash_limit - 1.0)
 
 
 def _beyond(top: int) -> Probe:

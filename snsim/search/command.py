@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Largest network a policy fits in the budget: the deepest ResNet "
                           "(family [6, 32, n, 6], depth 3n + 134, searched in n) or the "
                           "largest batch of a zoo model; the exact largest (bracket from the "
-                          "lower bound, the peaks' line, bisection), probes cached.")
+                          "lower bound, the peaks' line, the recomputation's margin, bisection), "
+                          "probes cached.")
     parser.add_argument("what", choices=("max-depth", "max-batch"),
                         help="max-depth: deepest ResNet; max-batch: largest batch of --model")
     parser.add_argument("--policy", default="superneurons", help="policy (default: %(default)s)")
@@ -31,6 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "again (default: $SNSIM_CACHE, else ~/.cache/snsim; an experiment's "
                         "is OUT/cache)")
     parser.add_argument("--no-cache", action="store_true", help="plan every probe, keep none")
+    parser.add_argument("--workers", type=int, default=default_workers(), metavar="N",
+                        help="processes probing the sizes the search may ask for next "
+                        "while it waits (default: the CPUs, at most %d: %%(default)s); "
+                        "the probes and the answer are the same with any N" % MAX_WORKERS)
+
+
+MAX_WORKERS = 4   # each probe of a deep network holds its own graph and plan
+
+
+def default_workers() -> int:
+    import os
+
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 def check(args):
@@ -40,6 +54,8 @@ def check(args):
 
     policies.get(args.policy)
     devices.get(args.device_model)
+    if args.workers < 1:
+        raise SnsimError(f"--workers must be at least 1, got {args.workers}")
     if args.what == "max-depth" and args.batch < 1:
         raise SnsimError(f"--batch must be at least 1, got {args.batch}")
     if args.what == "max-batch":
@@ -80,7 +96,7 @@ def run(args) -> int:
             family = models.depth_family(args.batch, args.device_model)
         else:
             family = models.batch_family(args.model, args.device_model)
-        res = search(name, family, budget, on_probe, cache=cache)
+        res = search(name, family, budget, on_probe, cache=cache, workers=args.workers)
     finally:
         if bar is not None:
             bar.close()
