@@ -343,7 +343,8 @@ def grad_difference(names, grads, ref) -> tuple[float, str | None]:
     """Largest |executor - autograd| over the parameters' gradients, and whose.
 
     A gradient one side has and the other lacks counts as its own size: a
-    gradient lost on the way is never a silent 0.  Non-finite elements (an
+    gradient lost on the way is never a silent 0.  ``grads`` may be host
+    copies (an offloaded optimizer's) of ``ref``'s device gradients.  Non-finite elements (an
     fp16 backward that overflowed its loss scale: the step a ``GradScaler``
     skips) must be the same on both sides, element for element (inf, -inf or
     NaN); the difference is over the finite ones.
@@ -357,6 +358,8 @@ def grad_difference(names, grads, ref) -> tuple[float, str | None]:
         if b is None:
             d = a.abs().max().item()
         else:
+            if a.device != b.device:   # an offloaded optimizer's host copies
+                a = a.to(b.device)
             fa, fb = torch.isfinite(a), torch.isfinite(b)
             if fa.all() and fb.all():
                 d = (a - b).abs().max().item()
