@@ -26,8 +26,10 @@ def comparison_table(results: Sequence[SimResult]) -> str:
         rows.append({
             "policy": r.policy,
             "feasible": "yes" if r.feasible else "NO",
-            "peak": fmt_bytes(r.peak_bytes),
-            "peak/LB": f"{r.peak_bytes / r.lower_bound_bytes:.3f}",
+            # an infeasible run has no peak (the JSON's peak_bytes is null), only
+            # what it reached before it stopped (single_table says so)
+            "peak": fmt_bytes(r.peak_bytes) if r.feasible else "-",
+            "peak/LB": f"{r.peak_bytes / r.lower_bound_bytes:.3f}" if r.feasible else "-",
             "iteration": fmt_ms(r.iteration_ms) if r.feasible else "-",
             "time/compute": f"{r.iteration_ms / r.compute_ms:.3f}"
             if r.feasible and r.compute_ms else "-",

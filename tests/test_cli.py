@@ -41,6 +41,18 @@ def test_simulate_table_of_an_infeasible_run_reads_no_peak(capsys):
                 if line.startswith("iteration")).split(None, 1)[1].startswith("- (stopped at")
 
 
+def test_simulate_all_table_shows_no_peak_for_an_infeasible_run(capsys):
+    # the comparison table's twin of the test above: an infeasible row has no peak
+    # and no peak over the lower bound, a feasible one has both
+    code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "all", "--budget", "1.5GiB")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[1:2] in (["yes"], ["NO"])}
+    assert rows["liveness"][1:4] == ["NO", "-", "-"]
+    assert rows["superneurons"][1] == "yes" and rows["superneurons"][2] != "-"
+    assert float(rows["superneurons"][4]) >= 1.0   # peak/LB, after "1.50 GiB"
+
+
 def test_simulate_json_is_exact_json(capsys):
     code, out, _ = run_cli(capsys, "simulate", TRACE, "--policy", "liveness", "--json")
     assert code == 0
