@@ -16,6 +16,18 @@ What each op does to memory (which tensors it makes resident, how many bytes
 it allocates, frees or holds as workspace) comes from the ledger
 (:mod:`snsim.schedule.ledger`), which also checks the schedule's rules; this
 module adds time.
+
+How the processes are written (for speed: an event costs about as much as
+replaying a dozen ops).  The compute stream drives the clock: it is one call,
+started by an event at time 0, that waits by running the events due before
+it may go on (:meth:`Clock.hold <snsim.sim.clock.Clock.hold>` for a step's
+duration, :meth:`Replay._await` for a copy, :meth:`Replay._reserve` for a
+free), in simpy's order, where a process would have yielded an event and
+been resumed by it.  The copy engines are callbacks on their events (a
+timeout per copy; an event to wake an idle engine; an event for the
+host-to-device engine to wait for an offload it must copy back).  Every event
+and every state change happens in the order the three generator processes
+gave (``tests/test_engine.py`` and the golden numbers pin it).
 """
 
 from __future__ import annotations
@@ -31,27 +43,92 @@ from snsim.sim.result import (Interval, IntervalKind, LevelKind, MemoryPoint, Si
 from snsim.units import fmt_bytes
 
 
-class _Infeasible(Exception):
-    pass
+class _Copy:
+    """One copy on an engine.  ``done`` once it ended, and ``ready``: the event id
+    its end would have had as an event (the compute stream waiting for it goes on
+    after the events ordered before that one).  ``waiter``, an event, is made only
+    for the host-to-device engine waiting for an offload to end."""
 
-
-class _Queue:
-    """A copy engine's FIFO: ``put`` appends and wakes the engine if it is idle
-    (waiting on ``idle``); the engine pops without an event while copies are
-    queued."""
-
-    __slots__ = ("items", "idle")
+    __slots__ = ("done", "ready", "waiter")
 
     def __init__(self):
+        self.done = False
+        self.ready = 0
+        self.waiter = None
+
+    def finish(self, env) -> None:
+        self.done = True
+        self.ready = env.next_id()
+        if self.waiter is not None:
+            self.waiter.succeed()
+
+
+class _Engine:
+    """A copy engine: a FIFO of copies (``(tensor, copy, op index)``) it runs in
+    order, each ``bytes / bandwidth``; a plain deque (a ``simpy.Store`` costs a put
+    and a get event per copy).  Its methods are callbacks on simpy events, in the
+    order a generator process ``while True: wait for a copy; yield timeout;
+    finish`` would run them."""
+
+    def __init__(self, replay: "Replay", stream: Stream, bandwidth: float):
+        self.replay = replay
+        self.env = replay.env
+        self.stream = stream
+        self.bandwidth = bandwidth
+        self.to_host = stream is Stream.D2H
+        self.sizes = replay.g.sizes
         self.items: deque = deque()
-        self.idle = None
+        self.idle = True       # waits for a copy: the next put wakes it (an event)
+        self.current = None    # (tensor, copy, op index, start) of the copy it runs
 
     def put(self, item) -> None:
         self.items.append(item)
-        idle = self.idle
-        if idle is not None:
-            self.idle = None
-            idle.succeed()
+        if self.idle:
+            self.idle = False
+            self.env.call_soon(self._next)
+
+    def _next(self, _event=None) -> None:
+        t, copy, k = item = self.items.popleft()
+        if not self.to_host:
+            pending = self.replay.offloading.get(t)
+            if pending is not None and not pending.done:
+                # the host copy must exist before it comes back
+                if pending.waiter is None:
+                    pending.waiter = self.env.event()
+                self.current = item
+                pending.waiter.callbacks.append(self._begin)
+                return
+        self.current = item
+        self._begin()
+
+    def _begin(self, _event=None) -> None:
+        t, copy, k = self.current
+        env = self.env
+        self.current = (t, copy, k, env.now)
+        env.call_after(self.sizes[t] / self.bandwidth * 1e3, self._end)
+
+    def _end(self, _event) -> None:
+        t, copy, k, start = self.current
+        run, env = self.replay, self.env
+        if run.record:
+            run.intervals.append(Interval(start, env.now, self.stream, tensor_name(t), "",
+                                          IntervalKind.COPY))
+        copy.finish(env)
+        if self.to_host:
+            run.offload_ends[k] = run.pos
+            if run.offloading.get(t) is copy:
+                del run.offloading[t]
+            if t in run.deferred:
+                run.level -= run.deferred.pop(t)
+                if run.record:
+                    run.timeline.append(MemoryPoint(env.now, run.level, "free " + tensor_name(t),
+                                                    LevelKind.FREE))
+                run.frees += 1
+                run.freed = env.next_id()
+        if self.items:
+            self._next()
+        else:
+            self.idle = True
 
 
 class Replay:
@@ -66,10 +143,12 @@ class Replay:
         self.record = record
         self.level = graph.trace.static_bytes if static_bytes is None else static_bytes
         self.peak = self.level
-        self.offloading: dict = {}    # tensor -> completion event of its D2H copy
-        self.inbound: dict = {}       # tensor -> completion event of its H2D copy
-        self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
+        self.offloading: dict = {}    # tensor -> its D2H copy (a _Copy) while copying
+        self.inbound: dict = {}       # tensor -> its H2D copy, until waited for
+        self.copied_out: dict = {}    # tensor -> its last D2H copy
         self.deferred: dict = {}      # tensor -> bytes of freed copies waiting for their offload
+        self.frees = 0                # how many of those were released, and the event id of
+        self.freed = 0                # the last one (the compute stream waits for a free)
         # where the compute stream stands while it waits: the index of the first op
         # not yet begun (its memory not yet taken); and, per offload op, that index
         # when its copy ended (the executor keeps the same order on CPU: see
@@ -91,7 +170,6 @@ class Replay:
         # the simpy processes, made on first use of ``env`` (a plan without copies
         # replays without them, and without importing simpy: ~25 ms of a process)
         self._env = None
-        self.stream = None
         self.engines: tuple = ()
 
     @property
@@ -102,21 +180,13 @@ class Replay:
         return self._env
 
     def _start(self) -> None:
-        import simpy
+        from snsim.sim.clock import Clock
 
-        self._env = env = simpy.Environment()
-        self.freed_event = env.event()
-        # each engine's queue of copies, and the event an idle engine waits on (a
-        # plain deque: a simpy.Store costs a put and a get event per copy)
-        self.h2d = _Queue()
-        self.d2h = _Queue()
+        self._env = env = Clock()
         dev = self.g.trace.device
-        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
-                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
-        for engine in self.engines:
-            env.process(engine)
-        self.stream = self._compute_stream()
-        self.done = env.process(self.stream)
+        self.engines = (_Engine(self, Stream.H2D, dev.h2d_Bps),
+                        _Engine(self, Stream.D2H, dev.d2h_Bps))
+        env.call_soon(self._compute_stream)
 
     def run(self) -> None:
         """Replay the schedule; ``end_ms`` is the time it ended (or stopped).
@@ -126,6 +196,11 @@ class Replay:
         same arithmetic as the simpy run (each step ends at ``now + duration``)
         without an event per step.  One with copies runs the three processes.
         """
+        # no cyclic collection during the replay: its objects (simpy's events) form no
+        # cycle that outlives it (the engines let go of it below), and a collector pass
+        # over a large graph's objects costs more than the replay of a copy-free plan
+        was = gc.isenabled()
+        gc.disable()
         try:
             if self.schedule.infeasible_reason is not None:
                 return
@@ -135,14 +210,13 @@ class Replay:
             self.env.run()
             self.end_ms = self.env.now
         finally:
-            # the copy engines wait on their queues for ever (and the compute stream
-            # never starts on a copy-free plan): each one's frame holds this replay
-            # (its schedule, effects and durations) in a reference cycle through an
-            # event it waits on; closing them lets reference counting free the
+            if was:
+                gc.enable()
+            # each engine holds this replay (its schedule, effects and durations) in a
+            # reference cycle; letting go of it lets reference counting free the
             # replay at once, without the cyclic collector
-            if self.stream is not None:
-                for gen in (self.stream, *self.engines):
-                    gen.close()
+            for engine in self.engines:
+                engine.replay = None
 
     # -------------------------------------------------------------- memory
     def _release(self, t, nbytes: int) -> None:
@@ -151,15 +225,37 @@ class Replay:
             self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t),
                                              LevelKind.FREE))
 
-    def _reserve(self, nbytes: int, what: str):
-        """Wait until ``nbytes`` fit under the capacity (generator)."""
+    def _reserve(self, nbytes: int, what: str) -> bool:
+        """Wait until ``nbytes`` fit under the capacity; False (and ``reason``) if
+        they do not and no free is under way.  Each wait for a free runs the events
+        before it, then those ordered before the free's own event."""
+        env = self.env
         while self.level + nbytes > self.capacity:
             if not self.deferred:
                 self._shortfall(nbytes, what)
-                raise _Infeasible()
-            start = self.env.now
-            yield self.freed_event
+                return False
+            start = env.now
+            frees = self.frees
+            while self.frees == frees:
+                env.step()
+            env.settle(env.now, self.freed)
             self._stall(start, "memory")
+        return True
+
+    def _await(self, copy: _Copy) -> None:
+        """Wait until ``copy`` ends, as a process yielding its end would: after the
+        engine that waits for it first, if one does (the host-to-device engine, for
+        an offload it copies back); else after the events before its end and those
+        ordered before its end's own event."""
+        env = self.env
+        waiter = copy.waiter
+        if waiter is not None:
+            while waiter.callbacks is not None:   # until it ran
+                env.step()
+            return
+        while not copy.done:
+            env.step()
+        env.settle(env.now, copy.ready)
 
     def _shortfall(self, nbytes: int, what: str) -> None:
         short = self.level + nbytes - self.capacity
@@ -226,17 +322,23 @@ class Replay:
         self.level, self.peak, self.end_ms = level, peak, now
         self.recompute_ms, self.forward_end_ms = recompute_ms, forward_end_ms
 
-    def _compute_stream(self):
+    def _compute_stream(self, _event=None) -> None:
         # The hot loop of the simulator: one pass over the ops with the ledger's
         # effects and each compute op's duration precomputed (``durations``);
-        # names of steps and tensors are built only when recording.
+        # names of steps and tensors are built only when recording.  ``pos`` is
+        # set where the stream waits (the engines read it).
         g, env = self.g, self.env
-        size = g.size
+        sizes = g.sizes
         record = self.record
         capacity = self.capacity
-        timeout = env.timeout
+        hold = env.hold
+        timeline, intervals = self.timeline, self.intervals
+        offloading, deferred = self.offloading, self.deferred
+        inbound, copied_out = self.inbound, self.copied_out
+        h2d, d2h = self.engines
         forward_end = g.forward_end
         done_route = 0
+        now = env.now
         for k, (op, (nbytes, ws, freed), dur) in enumerate(
                 zip(self.schedule.ops, self.effects, self.durations)):
             act = op.action
@@ -244,116 +346,76 @@ class Replay:
                 need = ws + nbytes
                 if self.level + need > capacity:
                     self.pos = k
-                    try:
-                        yield from self._reserve(need, f"step {g.step_label(op.step)}")
-                    except _Infeasible:
+                    if not self._reserve(need, f"step {g.step_label(op.step)}"):
                         return
+                    now = env.now
                 level = self.level = self.level + need
                 if level > self.peak:
                     self.peak = level
+                start = now
                 if record:
-                    self.timeline.append(MemoryPoint(env.now, level, f"{op.phase}{op.layer}"))
-                if record:
-                    start = env.now
+                    timeline.append(MemoryPoint(now, level, f"{op.phase}{op.layer}"))
                 if dur:
                     self.pos = k + 1   # its memory is taken: a copy ending now is after it
-                    yield timeout(dur)
+                    hold(dur)
+                    now = env.now
                 if op.phase == "R":
                     self.recompute_ms += dur
                 else:
                     done_route += 1
                     if done_route == forward_end:
-                        self.forward_end_ms = env.now
+                        self.forward_end_ms = now
                 if record:
-                    self.intervals.append(Interval(
-                        start, env.now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
+                    intervals.append(Interval(
+                        start, now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
                         IntervalKind.RECOMPUTE if op.phase == "R" else IntervalKind.STEP))
                 if ws:
                     self.level -= ws
                     if record:
-                        self.timeline.append(MemoryPoint(env.now, self.level, "workspace",
-                                                         LevelKind.WORKSPACE_END))
-            elif act == RELEASE and not self.offloading:   # the common case: freed now
-                self.level -= freed
-                if record:
-                    self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "free " + tensor_name(op.tensor),
-                                                     LevelKind.FREE))
+                        timeline.append(MemoryPoint(now, self.level, "workspace",
+                                                    LevelKind.WORKSPACE_END))
             elif act == RELEASE:
                 t = op.tensor
-                if t in self.offloading:
+                if t in offloading:
                     # The device copy leaves now (a prefetch may bring the tensor
                     # back before the copy ends) but holds its memory until then.
-                    self.deferred[t] = self.deferred.get(t, 0) + freed
+                    deferred[t] = deferred.get(t, 0) + freed
                 else:
-                    self._release(t, freed)
+                    self.level -= freed
+                    if record:
+                        timeline.append(MemoryPoint(now, self.level, "free " + tensor_name(t),
+                                                    LevelKind.FREE))
             elif act == TO_HOST:
                 t = op.tensor
-                ev = env.event()
-                self.offloading[t] = ev
-                self.copied_out[t] = ev
-                self.d2h_bytes += size(t)
-                self.d2h.put((t, ev, k))
+                offloading[t] = copied_out[t] = copy = _Copy()
+                self.d2h_bytes += sizes[t]
+                d2h.put((t, copy, k))
             elif act == TO_DEVICE:
                 t = op.tensor
-                if self.level + nbytes > self.capacity:
+                if self.level + nbytes > capacity:
                     self.pos = k
-                    try:
-                        yield from self._reserve(nbytes, f"prefetch of {tensor_name(t)}")
-                    except _Infeasible:
+                    if not self._reserve(nbytes, f"prefetch of {tensor_name(t)}"):
                         return
+                    now = env.now
                 self.level += nbytes
                 if self.level > self.peak:
                     self.peak = self.level
-                if self.record:
-                    self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "prefetch " + tensor_name(t),
-                                                     LevelKind.PREFETCH))
-                ev = env.event()
-                self.inbound[t] = ev
+                if record:
+                    timeline.append(MemoryPoint(now, self.level, "prefetch " + tensor_name(t),
+                                                LevelKind.PREFETCH))
+                inbound[t] = copy = _Copy()
                 self.h2d_bytes += nbytes
-                self.h2d.put((t, ev, k))
+                h2d.put((t, copy, k))
             elif act == SYNC:
-                ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
-                if not ev.triggered:
-                    start = env.now
+                t = op.tensor
+                copy = inbound.get(t) or copied_out.get(t)
+                if not copy.done:
                     self.pos = k
-                    yield ev
-                    self._stall(start, "wait " + tensor_name(op.tensor))
-                self.inbound.pop(op.tensor, None)
+                    self._await(copy)
+                    self._stall(now, "wait " + tensor_name(t))
+                    now = env.now
+                inbound.pop(t, None)
         self.pos = len(self.schedule.ops)
-
-    def _copy_engine(self, queue, name: str, bandwidth: float):
-        env, size = self.env, self.g.size
-        items = queue.items
-        while True:
-            if not items:
-                queue.idle = env.event()
-                yield queue.idle
-            t, ev, k = items.popleft()
-            if name == "h2d":
-                pending = self.offloading.get(t)
-                if pending is not None and not pending.triggered:
-                    yield pending  # the host copy must exist before it comes back
-            start = env.now
-            nbytes = size(t)
-            yield env.timeout(nbytes / bandwidth * 1e3)
-            if self.record:
-                self.intervals.append(Interval(start, env.now, Stream(name), tensor_name(t), "",
-                                               IntervalKind.COPY))
-            ev.succeed()
-            if name == "d2h":
-                self.offload_ends[k] = self.pos
-                if self.offloading.get(t) is ev:
-                    del self.offloading[t]
-                if t in self.deferred:
-                    self.level -= self.deferred.pop(t)
-                    if self.record:
-                        self.timeline.append(MemoryPoint(env.now, self.level,
-                                                         "free " + tensor_name(t),
-                                                         LevelKind.FREE))
-                    old, self.freed_event = self.freed_event, env.event()
-                    old.succeed()
 
 
 def _durations(graph: Graph, ops) -> tuple[list[float], float, bool]:
@@ -397,17 +459,8 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
     static = trace.static_bytes   # a sum over the layers: once
-    # no cyclic collection during the replay: its objects (simpy's events) form no
-    # cycle that outlives it (run() closes the copy engines), and a collector pass
-    # over a large graph's objects costs more than the replay of a copy-free plan
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        run = Replay(graph, schedule, capacity, record, static)
-        run.run()
-    finally:
-        if was:
-            gc.enable()
+    run = Replay(graph, schedule, capacity, record, static)
+    run.run()   # with the cyclic collector paused
     feasible = run.reason is None and schedule.infeasible_reason is None
     reason = schedule.infeasible_reason or run.reason
     planned_ms = run.planned_ms
