@@ -31,9 +31,21 @@ class Clock(simpy.Environment):
     of its start event and waits on nothing.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = 0   # event ids taken by waits that were not events
+
+    @property
+    def scheduled(self) -> int:
+        """How many events were scheduled so far (ids given, less those taken)."""
+        given = next(self._eid)   # reading takes an id too: counted as taken
+        self.taken += 1
+        return given - (self.taken - 1)
+
     def next_id(self) -> int:
         """The id the next scheduled event would get (taken: ids only order events,
         so one taken and never used changes no order)."""
+        self.taken += 1
         return next(self._eid)
 
     def settle(self, t: float, eid: int) -> None:
@@ -49,12 +61,21 @@ class Clock(simpy.Environment):
             else:
                 break
 
-    def hold(self, delay: float) -> None:
+    def hold(self, delay: float) -> float:
         """``yield self.timeout(delay)`` without the timeout: run the events it would
-        let run first, then move the clock to ``now + delay`` (simpy's float)."""
+        let run first, then move the clock to ``now + delay`` (simpy's float, returned)."""
         t = self._now + delay
-        self.settle(t, next(self._eid))
+        eid = next(self._eid)
+        self.taken += 1
+        q = self._queue    # settle(t, eid), inline: a call less per compute step
+        while q:
+            at, priority, other, _ = q[0]
+            if at < t or (at == t and (priority, other) < (NORMAL, eid)):
+                self.step()
+            else:
+                break
         self._now = t
+        return t
 
     def call_soon(self, callback: Callable[[Event], None]) -> None:
         """``callback(event)`` when a new event, scheduled now, comes off the queue."""

@@ -33,6 +33,7 @@ gave (``tests/test_engine.py`` and the golden numbers pin it).
 from __future__ import annotations
 
 import gc
+import itertools
 from collections import deque
 
 from snsim.graph import Graph, tensor_name
@@ -165,7 +166,12 @@ class Replay:
         self.intervals: list[Interval] = []
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
-        self.durations, self.planned_ms, self.copies = _durations(graph, schedule.ops)
+        # each compute step's duration, read by the op loops (``Graph.step_ms``); the
+        # planned time of the route's steps, added up by them; any copy or wait?
+        self.plain_ms = _plain_ms(graph)
+        self.planned_ms = 0.0
+        self.copies = any(tp.action not in (COMPUTE, RELEASE)
+                          for tp in set(map(type, schedule.ops)))
         self.end_ms = 0.0
         # the simpy processes, made on first use of ``env`` (a plan without copies
         # replays without them, and without importing simpy: ~25 ms of a process)
@@ -203,6 +209,7 @@ class Replay:
         gc.disable()
         try:
             if self.schedule.infeasible_reason is not None:
+                self.planned_ms = self._planned_from(0, 0.0)
                 return
             if not self.copies:
                 self._sequential()
@@ -212,19 +219,13 @@ class Replay:
         finally:
             if was:
                 gc.enable()
-            # each engine holds this replay (its schedule, effects and durations) in a
+            # each engine holds this replay (its schedule and effects) in a
             # reference cycle; letting go of it lets reference counting free the
             # replay at once, without the cyclic collector
             for engine in self.engines:
                 engine.replay = None
 
     # -------------------------------------------------------------- memory
-    def _release(self, t, nbytes: int) -> None:
-        self.level -= nbytes
-        if self.record:
-            self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t),
-                                             LevelKind.FREE))
-
     def _reserve(self, nbytes: int, what: str) -> bool:
         """Wait until ``nbytes`` fit under the capacity; False (and ``reason``) if
         they do not and no free is under way.  Each wait for a free runs the events
@@ -264,11 +265,16 @@ class Replay:
                        f"{fmt_bytes(self.capacity)} budget is free "
                        f"({short} bytes short) and no free is under way")
 
-    def _stall(self, start: float, why: str) -> None:
-        if self.env.now > start:
-            self.stall_ms += self.env.now - start
+    def _stall(self, start: float, why: str, tensor=None) -> None:
+        """The compute stream waited from ``start`` to now, for ``why`` (and
+        ``tensor``: its name is built only for the timeline)."""
+        now = self.env.now
+        if now > start:
+            self.stall_ms += now - start
             if self.record:
-                self.intervals.append(Interval(start, self.env.now, Stream.COMPUTE, "stall", why,
+                if tensor is not None:
+                    why = f"{why} {tensor_name(tensor)}"
+                self.intervals.append(Interval(start, now, Stream.COMPUTE, "stall", why,
                                                IntervalKind.STALL))
 
     # ------------------------------------------------------------- streams
@@ -282,16 +288,19 @@ class Replay:
         capacity = self.capacity
         forward_end = g.forward_end
         timeline, intervals = self.timeline, self.intervals
+        plain_ms, step_ms = self.plain_ms, g.step_ms
         level, peak, now = self.level, self.peak, 0.0
-        recompute_ms, forward_end_ms, done_route = 0.0, 0.0, 0
-        for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects,
-                                                self.durations):
+        recompute_ms, forward_end_ms, done_route, planned = 0.0, 0.0, 0, 0.0
+        k = len(self.schedule.ops)
+        for m, (op, (nbytes, ws, freed)) in enumerate(zip(self.schedule.ops, self.effects)):
             if op.action == COMPUTE:
                 need = ws + nbytes
                 if level + need > capacity:
                     self.level = level
                     self._shortfall(need, f"step {g.step_label(op.step)}")
+                    k = m
                     break
+                dur = plain_ms[op.phase][op.layer] if not op.algo else step_ms(op.step, op.algo)
                 level += need
                 if level > peak:
                     peak = level
@@ -301,6 +310,7 @@ class Replay:
                 if op.phase == "R":
                     recompute_ms += dur
                 else:
+                    planned += dur
                     done_route += 1
                     if done_route == forward_end:
                         forward_end_ms = now
@@ -321,10 +331,11 @@ class Replay:
                                                 LevelKind.FREE))
         self.level, self.peak, self.end_ms = level, peak, now
         self.recompute_ms, self.forward_end_ms = recompute_ms, forward_end_ms
+        self.planned_ms = self._planned_from(k, planned)
 
     def _compute_stream(self, _event=None) -> None:
         # The hot loop of the simulator: one pass over the ops with the ledger's
-        # effects and each compute op's duration precomputed (``durations``);
+        # effects precomputed, each compute step's duration read from a table;
         # names of steps and tensors are built only when recording.  ``pos`` is
         # set where the stream waits (the engines read it).
         g, env = self.g, self.env
@@ -336,19 +347,22 @@ class Replay:
         offloading, deferred = self.offloading, self.deferred
         inbound, copied_out = self.inbound, self.copied_out
         h2d, d2h = self.engines
+        plain_ms, step_ms = self.plain_ms, g.step_ms
         forward_end = g.forward_end
         done_route = 0
+        planned = 0.0
         now = env.now
-        for k, (op, (nbytes, ws, freed), dur) in enumerate(
-                zip(self.schedule.ops, self.effects, self.durations)):
+        for k, (op, (nbytes, ws, freed)) in enumerate(zip(self.schedule.ops, self.effects)):
             act = op.action
             if act == COMPUTE:
                 need = ws + nbytes
                 if self.level + need > capacity:
                     self.pos = k
                     if not self._reserve(need, f"step {g.step_label(op.step)}"):
+                        self.planned_ms = self._planned_from(k, planned)
                         return
                     now = env.now
+                dur = plain_ms[op.phase][op.layer] if not op.algo else step_ms(op.step, op.algo)
                 level = self.level = self.level + need
                 if level > self.peak:
                     self.peak = level
@@ -357,11 +371,11 @@ class Replay:
                     timeline.append(MemoryPoint(now, level, f"{op.phase}{op.layer}"))
                 if dur:
                     self.pos = k + 1   # its memory is taken: a copy ending now is after it
-                    hold(dur)
-                    now = env.now
+                    now = hold(dur)
                 if op.phase == "R":
                     self.recompute_ms += dur
                 else:
+                    planned += dur
                     done_route += 1
                     if done_route == forward_end:
                         self.forward_end_ms = now
@@ -395,6 +409,7 @@ class Replay:
                 if self.level + nbytes > capacity:
                     self.pos = k
                     if not self._reserve(nbytes, f"prefetch of {tensor_name(t)}"):
+                        self.planned_ms = self._planned_from(k, planned)
                         return
                     now = env.now
                 self.level += nbytes
@@ -412,41 +427,31 @@ class Replay:
                 if not copy.done:
                     self.pos = k
                     self._await(copy)
-                    self._stall(now, "wait " + tensor_name(t))
+                    self._stall(now, "wait", t)
                     now = env.now
                 inbound.pop(t, None)
         self.pos = len(self.schedule.ops)
+        self.planned_ms = planned
+
+    def _planned_from(self, k: int, planned: float) -> float:
+        """``planned`` plus the durations of the route's steps (not the recomputes)
+        from op ``k`` on, added in order (the op loops add up those they ran)."""
+        step_ms = self.g.step_ms
+        for op in itertools.islice(self.schedule.ops, k, None):
+            if type(op) is Compute and op.phase != "R":
+                planned += step_ms(op.step, op.algo)
+        return planned
 
 
-def _durations(graph: Graph, ops) -> tuple[list[float], float, bool]:
-    """Each op's duration (0 for the ops that are not computes; ``Graph.step_ms``
-    inline), the planned time of the route's steps (the recomputes left out),
-    and whether any op is a copy or waits for one."""
+def _plain_ms(graph: Graph) -> dict:
+    """Per phase, each layer's step duration with its first algorithm, indexed by
+    layer (``Graph.step_ms(step, 0)``), and the optimizer step's."""
     layers = graph.layers
-    durations = []
-    append = durations.append
-    planned = 0.0
-    copies = False
-    for op in ops:
-        if type(op) is Compute:
-            phase = op.phase
-            if phase == "O":
-                d = graph.optimizer_ms
-            else:
-                layer = layers[op.layer]
-                if op.algo and layer.workspace:
-                    w = layer.workspace[op.algo]
-                    d = w.bwd_ms if phase == "B" else w.fwd_ms
-                else:
-                    d = layer.bwd_ms if phase == "B" else layer.fwd_ms
-            if phase != "R":
-                planned += d
-            append(d)
-        else:
-            if op.action != RELEASE:
-                copies = True
-            append(0.0)
-    return durations, planned, copies
+    fwd = [layer.fwd_ms for layer in layers]
+    out: dict = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in layers]}
+    if graph.optimizer_step is not None:
+        out["O"] = {graph.optimizer_step[1]: graph.optimizer_ms}
+    return out
 
 
 def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
