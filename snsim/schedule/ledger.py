@@ -95,30 +95,30 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
         raise ScheduleError(f"schedule of {policy}: op {k} ({ops[k]}): {msg}")
 
     optimized = None          # op index of the optimizer step, once it ran
-    for k, op in enumerate(ops):
+    for op in ops:   # op k's effect is out[k]: k is len(out), read where needed
         tp = type(op)
         if tp is Free:
             t = op.tensor
             try:
                 resident.remove(t)   # one lookup: the rule and the free
             except KeyError:
-                at = _freed_at(ops, k, t)
-                fail(k, f"frees {tensor_name(t)}, which it does not hold"
+                at = _freed_at(ops, len(out), t)
+                fail(len(out), f"frees {tensor_name(t)}, which it does not hold"
                      + (f" (freed at op {at})" if at is not None else ""))
             append((0, 0, sizes[t]))
         elif tp is Compute:
             phase, i = op.phase, op.layer
             if optimized is not None:
-                fail(k, f"computes after the optimizer step (op {optimized}): the "
+                fail(len(out), f"computes after the optimizer step (op {optimized}): the "
                      "optimizer step ends the iteration")
             if phase == "O":
                 step = (phase, i)
                 if step != graph.optimizer_step:
-                    fail(k, "no optimizer step in this trace" if graph.optimizer_step is None
+                    fail(len(out), "no optimizer step in this trace" if graph.optimizer_step is None
                          else f"the optimizer step is {step_name(graph.optimizer_step)}")
                 if route and pos != n_steps:
-                    fail(k, f"optimizer step before route step {step_name(steps[pos])}")
-                optimized = k
+                    fail(len(out), f"optimizer step before route step {step_name(steps[pos])}")
+                optimized = len(out)
                 append((0, graph.workspace_bytes(step), 0))
                 continue
             table = per_phase.get(phase)
@@ -130,32 +130,32 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 new_bytes = None
             if phase == "R":
                 if needs is None:
-                    fail(k, "unknown step")
+                    fail(len(out), "unknown step")
                 if layers[i].kind == "data":
-                    fail(k, "recomputes the data layer: the input is kept or copied back "
+                    fail(len(out), "recomputes the data layer: the input is kept or copied back "
                          "from the host, never recomputed")
             elif phase == "F" or phase == "B":
                 if route:
                     if pos >= n_steps or steps[pos] != (phase, i):
                         want = step_name(steps[pos]) if pos < n_steps else "nothing"
-                        fail(k, f"route step out of order: expected {want}")
+                        fail(len(out), f"route step out of order: expected {want}")
                     pos += 1
                 elif needs is None:
-                    fail(k, "unknown step")
+                    fail(len(out), "unknown step")
             else:
-                fail(k, "unknown step")
+                fail(len(out), "unknown step")
             algo = op.algo
             if algo and not 0 <= algo < len(layers[i].workspace):
-                fail(k, f"layer has no workspace algorithm {algo}")
+                fail(len(out), f"layer has no workspace algorithm {algo}")
             if not resident.issuperset(needs):
                 for t in needs:
                     if t not in resident:
                         if t in inbound:
-                            fail(k, f"needs {tensor_name(t)}, prefetched but not waited for")
-                        at = _freed_at(ops, k, t)
+                            fail(len(out), f"needs {tensor_name(t)}, prefetched but not waited for")
+                        at = _freed_at(ops, len(out), t)
                         if at is not None:
-                            fail(k, f"uses {tensor_name(t)} after it was freed at op {at}")
-                        fail(k, f"needs {tensor_name(t)}, which is not resident")
+                            fail(len(out), f"uses {tensor_name(t)} after it was freed at op {at}")
+                        fail(len(out), f"needs {tensor_name(t)}, which is not resident")
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
                 nbytes = sum(map(sizes.__getitem__, allocs)) if new_bytes is None else new_bytes
@@ -163,19 +163,19 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 nbytes = 0
                 for t in allocs:
                     if t in inbound:
-                        fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
+                        fail(len(out), f"allocates {tensor_name(t)} while it is being prefetched")
                     if t not in resident:
                         resident.add(t)
                         nbytes += sizes[t]
                     elif t[0] != "S" and not (phase == "R" and i in remade):
-                        fail(k, f"allocates {tensor_name(t)}, which is already resident")
+                        fail(len(out), f"allocates {tensor_name(t)}, which is already resident")
                     # a resident S (saved extras re-made by a recompute), or a resident
                     # result of an op with several (its recompute returns them all), is
                     # overwritten in place
             # the first algorithm's plain workspace read from a table; else worked out
             w = table[3][i] if not algo else None
             if w is None:
-                w = workspace(graph, ops, k, nbytes, host) \
+                w = workspace(graph, ops, len(out), nbytes, host) \
                     if layers[i].workspace or i in in_place else 0
             if born and phase == "B":
                 nbytes += born[i]
@@ -183,15 +183,15 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
         elif tp is Offload:
             t = op.tensor
             if t not in resident:
-                fail(k, f"offloads {tensor_name(t)}, which is not resident")
+                fail(len(out), f"offloads {tensor_name(t)}, which is not resident")
             host.add(t)
             append(_NONE)
         elif tp is Prefetch:
             t = op.tensor
             if t not in host:
-                fail(k, f"prefetches {tensor_name(t)}, which has no host copy")
+                fail(len(out), f"prefetches {tensor_name(t)}, which has no host copy")
             if t in resident or t in inbound:
-                fail(k, f"prefetches {tensor_name(t)}, which is already on the device")
+                fail(len(out), f"prefetches {tensor_name(t)}, which is already on the device")
             inbound.add(t)
             append((sizes[t], 0, 0))
         elif tp is Wait:
@@ -200,10 +200,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 inbound.remove(t)
                 resident.add(t)
             elif not (t in resident and t in host):
-                fail(k, f"waits for {tensor_name(t)}, which has no copy in flight")
+                fail(len(out), f"waits for {tensor_name(t)}, which has no copy in flight")
             append(_NONE)
         else:
-            fail(k, f"unknown operation {type(op).__name__}")
+            fail(len(out), f"unknown operation {type(op).__name__}")
     if route and pos != n_steps:
         raise ScheduleError(f"schedule of {policy}: ends before route step "
                             f"{step_name(steps[pos])}")
