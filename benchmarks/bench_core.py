@@ -5,9 +5,11 @@ Prints wall time per phase (graph analysis, planning, verification,
 simulation) and the simulator's throughput: the schedule's ops replayed per
 second (each op is one event of the simulated machine; target, issue 13: at
 least 0.5 M/s on the three-process shape, a schedule with copies, here
-``vdnn-all``), beside simpy's own events per second in the replay (fewer
-events per op is faster: a copy costs two simpy events, not four since the
-engines' queues are plain deques) and bare simpy's rate in the same minutes.
+``vdnn-all``), beside the simpy events the replay scheduled per second
+(fewer events per op is faster: a copy costs a timeout, and an event to wake
+an idle engine; a compute step or a wait costs none, the compute stream runs
+the events due before it goes on, see ``snsim.sim.clock``) and bare simpy's
+rate in the same minutes.
 A schedule without copies (``liveness``) replays in one pass without simpy.  Target (issue 2): the
 10^4-layer liveness run (plan + simulate) in at most 0.5 s on a 2-core
 machine.  Median of ``--repeats`` runs; no assertions.
@@ -49,7 +51,7 @@ def bench(name: str, trace, repeats: int, policy: str = "liveness") -> None:
         def sim():
             r = engine.Replay(g, s, BUDGET, record=False)
             r.run()
-            run["events"] = next(r.env._eid)  # simpy's count of scheduled events
+            run["events"] = r.env.scheduled if r.copies else 0
             return r
 
         _, t_sim = timed(sim)

@@ -69,21 +69,24 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     # case of each rule is one set operation in C (all needs resident; no alloc
     # resident or in flight), the per-tensor loop runs only to word a failure or
     # for a step that re-makes a resident tensor.  Where a tensor was freed is
-    # looked up only to word a failure (:func:`_freed_at`).
+    # looked up only to word a failure (:func:`_freed_at`).  The op kinds are
+    # tested by frequency (frees, then computes); a compute step's tables (needs,
+    # allocs, their bytes, plain workspace) are one lookup per phase.
     resident: set = set()
     inbound: set = set()
     host: set = set()         # tensors with a host copy (offload issued)
     steps = graph.route
     n_steps = len(steps)
-    tables = graph.step_tables
     needs_map, allocs_map = graph.needs_map, graph.allocs_map
-    size = graph.sizes.__getitem__
+    sizes = graph.sizes
     layers = graph.layers
     remade = graph.multi_result
     born = graph.born_bytes if graph.grads_born else None   # param_grad_bytes, inline
     in_place = graph.in_place_of
     plain = graph.plain_workspace
     all_bytes = graph.alloc_bytes_table
+    per_phase = {phase: (needs, allocs, all_bytes[phase], plain[phase], len(needs))
+                 for phase, (needs, allocs) in graph.step_tables.items()}
     pos = 0
     out: list[Effect] = []
     append = out.append
@@ -92,112 +95,115 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
         raise ScheduleError(f"schedule of {policy}: op {k} ({ops[k]}): {msg}")
 
     optimized = None          # op index of the optimizer step, once it ran
-    for k, op in enumerate(ops):
+    for op in ops:   # op k's effect is out[k]: k is len(out), read where needed
         tp = type(op)
-        if tp is Compute:
+        if tp is Free:
+            t = op.tensor
+            try:
+                resident.remove(t)   # one lookup: the rule and the free
+            except KeyError:
+                at = _freed_at(ops, len(out), t)
+                fail(len(out), f"frees {tensor_name(t)}, which it does not hold"
+                     + (f" (freed at op {at})" if at is not None else ""))
+            append((0, 0, sizes[t]))
+        elif tp is Compute:
             phase, i = op.phase, op.layer
             if optimized is not None:
-                fail(k, f"computes after the optimizer step (op {optimized}): the "
+                fail(len(out), f"computes after the optimizer step (op {optimized}): the "
                      "optimizer step ends the iteration")
             if phase == "O":
                 step = (phase, i)
                 if step != graph.optimizer_step:
-                    fail(k, "no optimizer step in this trace" if graph.optimizer_step is None
+                    fail(len(out), "no optimizer step in this trace" if graph.optimizer_step is None
                          else f"the optimizer step is {step_name(graph.optimizer_step)}")
                 if route and pos != n_steps:
-                    fail(k, f"optimizer step before route step {step_name(steps[pos])}")
-                optimized = k
+                    fail(len(out), f"optimizer step before route step {step_name(steps[pos])}")
+                optimized = len(out)
                 append((0, graph.workspace_bytes(step), 0))
                 continue
-            table = tables.get(phase)
-            if table is not None and type(i) is int and 0 <= i < len(table[0]):
+            table = per_phase.get(phase)
+            if table is not None and type(i) is int and 0 <= i < table[4]:
                 needs, allocs = table[0][i], table[1][i]
-                new_bytes = all_bytes[phase][i]
+                new_bytes = table[2][i]
             else:   # another phase, or a layer index of another type: the maps
                 needs, allocs = needs_map.get((phase, i)), allocs_map.get((phase, i))
                 new_bytes = None
             if phase == "R":
                 if needs is None:
-                    fail(k, "unknown step")
+                    fail(len(out), "unknown step")
                 if layers[i].kind == "data":
-                    fail(k, "recomputes the data layer: the input is kept or copied back "
+                    fail(len(out), "recomputes the data layer: the input is kept or copied back "
                          "from the host, never recomputed")
-            elif phase in ("F", "B"):
+            elif phase == "F" or phase == "B":
                 if route:
                     if pos >= n_steps or steps[pos] != (phase, i):
                         want = step_name(steps[pos]) if pos < n_steps else "nothing"
-                        fail(k, f"route step out of order: expected {want}")
+                        fail(len(out), f"route step out of order: expected {want}")
                     pos += 1
                 elif needs is None:
-                    fail(k, "unknown step")
+                    fail(len(out), "unknown step")
             else:
-                fail(k, "unknown step")
-            ws = layers[i].workspace
-            if op.algo and not 0 <= op.algo < len(ws):
-                fail(k, f"layer has no workspace algorithm {op.algo}")
+                fail(len(out), "unknown step")
+            algo = op.algo
+            if algo and not 0 <= algo < len(layers[i].workspace):
+                fail(len(out), f"layer has no workspace algorithm {algo}")
             if not resident.issuperset(needs):
                 for t in needs:
                     if t not in resident:
                         if t in inbound:
-                            fail(k, f"needs {tensor_name(t)}, prefetched but not waited for")
-                        at = _freed_at(ops, k, t)
+                            fail(len(out), f"needs {tensor_name(t)}, prefetched but not waited for")
+                        at = _freed_at(ops, len(out), t)
                         if at is not None:
-                            fail(k, f"uses {tensor_name(t)} after it was freed at op {at}")
-                        fail(k, f"needs {tensor_name(t)}, which is not resident")
+                            fail(len(out), f"uses {tensor_name(t)} after it was freed at op {at}")
+                        fail(len(out), f"needs {tensor_name(t)}, which is not resident")
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
-                nbytes = sum(map(size, allocs)) if new_bytes is None else new_bytes
+                nbytes = sum(map(sizes.__getitem__, allocs)) if new_bytes is None else new_bytes
             else:
                 nbytes = 0
                 for t in allocs:
                     if t in inbound:
-                        fail(k, f"allocates {tensor_name(t)} while it is being prefetched")
+                        fail(len(out), f"allocates {tensor_name(t)} while it is being prefetched")
                     if t not in resident:
                         resident.add(t)
-                        nbytes += size(t)
+                        nbytes += sizes[t]
                     elif t[0] != "S" and not (phase == "R" and i in remade):
-                        fail(k, f"allocates {tensor_name(t)}, which is already resident")
+                        fail(len(out), f"allocates {tensor_name(t)}, which is already resident")
                     # a resident S (saved extras re-made by a recompute), or a resident
                     # result of an op with several (its recompute returns them all), is
                     # overwritten in place
             # the first algorithm's plain workspace read from a table; else worked out
-            w = plain[phase][i] if not op.algo else None
+            w = table[3][i] if not algo else None
             if w is None:
-                w = workspace(graph, ops, k, nbytes, host) if ws or i in in_place else 0
-            append((nbytes + (born[i] if born and phase == "B" else 0), w, 0))
-        elif tp is Free:
-            t = op.tensor
-            try:
-                resident.remove(t)   # one lookup: the rule and the free
-            except KeyError:
-                at = _freed_at(ops, k, t)
-                fail(k, f"frees {tensor_name(t)}, which it does not hold"
-                     + (f" (freed at op {at})" if at is not None else ""))
-            append((0, 0, size(t)))
+                w = workspace(graph, ops, len(out), nbytes, host) \
+                    if layers[i].workspace or i in in_place else 0
+            if born and phase == "B":
+                nbytes += born[i]
+            append((nbytes, w, 0))
         elif tp is Offload:
             t = op.tensor
             if t not in resident:
-                fail(k, f"offloads {tensor_name(t)}, which is not resident")
+                fail(len(out), f"offloads {tensor_name(t)}, which is not resident")
             host.add(t)
             append(_NONE)
         elif tp is Prefetch:
             t = op.tensor
             if t not in host:
-                fail(k, f"prefetches {tensor_name(t)}, which has no host copy")
+                fail(len(out), f"prefetches {tensor_name(t)}, which has no host copy")
             if t in resident or t in inbound:
-                fail(k, f"prefetches {tensor_name(t)}, which is already on the device")
+                fail(len(out), f"prefetches {tensor_name(t)}, which is already on the device")
             inbound.add(t)
-            append((size(t), 0, 0))
+            append((sizes[t], 0, 0))
         elif tp is Wait:
             t = op.tensor
             if t in inbound:
                 inbound.remove(t)
                 resident.add(t)
             elif not (t in resident and t in host):
-                fail(k, f"waits for {tensor_name(t)}, which has no copy in flight")
+                fail(len(out), f"waits for {tensor_name(t)}, which has no copy in flight")
             append(_NONE)
         else:
-            fail(k, f"unknown operation {type(op).__name__}")
+            fail(len(out), f"unknown operation {type(op).__name__}")
     if route and pos != n_steps:
         raise ScheduleError(f"schedule of {policy}: ends before route step "
                             f"{step_name(steps[pos])}")

@@ -16,11 +16,24 @@ What each op does to memory (which tensors it makes resident, how many bytes
 it allocates, frees or holds as workspace) comes from the ledger
 (:mod:`snsim.schedule.ledger`), which also checks the schedule's rules; this
 module adds time.
+
+How the processes are written (for speed: an event costs about as much as
+replaying a dozen ops).  The compute stream drives the clock: it is one call,
+started by an event at time 0, that waits by running the events due before
+it may go on (:meth:`Clock.hold <snsim.sim.clock.Clock.hold>` for a step's
+duration, :meth:`Replay._await` for a copy, :meth:`Replay._reserve` for a
+free), in simpy's order, where a process would have yielded an event and
+been resumed by it.  The copy engines are callbacks on their events (a
+timeout per copy; an event to wake an idle engine; an event for the
+host-to-device engine to wait for an offload it must copy back).  Every event
+and every state change happens in the order the three generator processes
+gave (``tests/test_engine.py`` and the golden numbers pin it).
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 from collections import deque
 
 from snsim.graph import Graph, tensor_name
@@ -31,27 +44,92 @@ from snsim.sim.result import (Interval, IntervalKind, LevelKind, MemoryPoint, Si
 from snsim.units import fmt_bytes
 
 
-class _Infeasible(Exception):
-    pass
+class _Copy:
+    """One copy on an engine.  ``done`` once it ended, and ``ready``: the event id
+    its end would have had as an event (the compute stream waiting for it goes on
+    after the events ordered before that one).  ``waiter``, an event, is made only
+    for the host-to-device engine waiting for an offload to end."""
 
-
-class _Queue:
-    """A copy engine's FIFO: ``put`` appends and wakes the engine if it is idle
-    (waiting on ``idle``); the engine pops without an event while copies are
-    queued."""
-
-    __slots__ = ("items", "idle")
+    __slots__ = ("done", "ready", "waiter")
 
     def __init__(self):
+        self.done = False
+        self.ready = 0
+        self.waiter = None
+
+    def finish(self, env) -> None:
+        self.done = True
+        self.ready = env.next_id()
+        if self.waiter is not None:
+            self.waiter.succeed()
+
+
+class _Engine:
+    """A copy engine: a FIFO of copies (``(tensor, copy, op index)``) it runs in
+    order, each ``bytes / bandwidth``; a plain deque (a ``simpy.Store`` costs a put
+    and a get event per copy).  Its methods are callbacks on simpy events, in the
+    order a generator process ``while True: wait for a copy; yield timeout;
+    finish`` would run them."""
+
+    def __init__(self, replay: "Replay", stream: Stream, bandwidth: float):
+        self.replay = replay
+        self.env = replay.env
+        self.stream = stream
+        self.bandwidth = bandwidth
+        self.to_host = stream is Stream.D2H
+        self.sizes = replay.g.sizes
         self.items: deque = deque()
-        self.idle = None
+        self.idle = True       # waits for a copy: the next put wakes it (an event)
+        self.current = None    # (tensor, copy, op index, start) of the copy it runs
 
     def put(self, item) -> None:
         self.items.append(item)
-        idle = self.idle
-        if idle is not None:
-            self.idle = None
-            idle.succeed()
+        if self.idle:
+            self.idle = False
+            self.env.call_soon(self._next)
+
+    def _next(self, _event=None) -> None:
+        t, copy, k = item = self.items.popleft()
+        if not self.to_host:
+            pending = self.replay.offloading.get(t)
+            if pending is not None and not pending.done:
+                # the host copy must exist before it comes back
+                if pending.waiter is None:
+                    pending.waiter = self.env.event()
+                self.current = item
+                pending.waiter.callbacks.append(self._begin)
+                return
+        self.current = item
+        self._begin()
+
+    def _begin(self, _event=None) -> None:
+        t, copy, k = self.current
+        env = self.env
+        self.current = (t, copy, k, env.now)
+        env.call_after(self.sizes[t] / self.bandwidth * 1e3, self._end)
+
+    def _end(self, _event) -> None:
+        t, copy, k, start = self.current
+        run, env = self.replay, self.env
+        if run.record:
+            run.intervals.append(Interval(start, env.now, self.stream, tensor_name(t), "",
+                                          IntervalKind.COPY))
+        copy.finish(env)
+        if self.to_host:
+            run.offload_ends[k] = run.pos
+            if run.offloading.get(t) is copy:
+                del run.offloading[t]
+            if t in run.deferred:
+                run.level -= run.deferred.pop(t)
+                if run.record:
+                    run.timeline.append(MemoryPoint(env.now, run.level, "free " + tensor_name(t),
+                                                    LevelKind.FREE))
+                run.frees += 1
+                run.freed = env.next_id()
+        if self.items:
+            self._next()
+        else:
+            self.idle = True
 
 
 class Replay:
@@ -66,10 +144,12 @@ class Replay:
         self.record = record
         self.level = graph.trace.static_bytes if static_bytes is None else static_bytes
         self.peak = self.level
-        self.offloading: dict = {}    # tensor -> completion event of its D2H copy
-        self.inbound: dict = {}       # tensor -> completion event of its H2D copy
-        self.copied_out: dict = {}    # tensor -> completion event of its last D2H copy
+        self.offloading: dict = {}    # tensor -> its D2H copy (a _Copy) while copying
+        self.inbound: dict = {}       # tensor -> its H2D copy, until waited for
+        self.copied_out: dict = {}    # tensor -> its last D2H copy
         self.deferred: dict = {}      # tensor -> bytes of freed copies waiting for their offload
+        self.frees = 0                # how many of those were released, and the event id of
+        self.freed = 0                # the last one (the compute stream waits for a free)
         # where the compute stream stands while it waits: the index of the first op
         # not yet begun (its memory not yet taken); and, per offload op, that index
         # when its copy ended (the executor keeps the same order on CPU: see
@@ -86,12 +166,16 @@ class Replay:
         self.intervals: list[Interval] = []
         # the ledger's memory effect of each op (checks the rules; cached by verify)
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
-        self.durations, self.planned_ms, self.copies = _durations(graph, schedule.ops)
+        # each compute step's duration, read by the op loops (``Graph.step_ms``); the
+        # planned time of the route's steps, added up by them; any copy or wait?
+        self.plain_ms = _plain_ms(graph)
+        self.planned_ms = 0.0
+        self.copies = any(tp.action not in (COMPUTE, RELEASE)
+                          for tp in set(map(type, schedule.ops)))
         self.end_ms = 0.0
         # the simpy processes, made on first use of ``env`` (a plan without copies
         # replays without them, and without importing simpy: ~25 ms of a process)
         self._env = None
-        self.stream = None
         self.engines: tuple = ()
 
     @property
@@ -102,21 +186,13 @@ class Replay:
         return self._env
 
     def _start(self) -> None:
-        import simpy
+        from snsim.sim.clock import Clock
 
-        self._env = env = simpy.Environment()
-        self.freed_event = env.event()
-        # each engine's queue of copies, and the event an idle engine waits on (a
-        # plain deque: a simpy.Store costs a put and a get event per copy)
-        self.h2d = _Queue()
-        self.d2h = _Queue()
+        self._env = env = Clock()
         dev = self.g.trace.device
-        self.engines = (self._copy_engine(self.h2d, "h2d", dev.h2d_Bps),
-                        self._copy_engine(self.d2h, "d2h", dev.d2h_Bps))
-        for engine in self.engines:
-            env.process(engine)
-        self.stream = self._compute_stream()
-        self.done = env.process(self.stream)
+        self.engines = (_Engine(self, Stream.H2D, dev.h2d_Bps),
+                        _Engine(self, Stream.D2H, dev.d2h_Bps))
+        env.call_soon(self._compute_stream)
 
     def run(self) -> None:
         """Replay the schedule; ``end_ms`` is the time it ended (or stopped).
@@ -126,8 +202,14 @@ class Replay:
         same arithmetic as the simpy run (each step ends at ``now + duration``)
         without an event per step.  One with copies runs the three processes.
         """
+        # no cyclic collection during the replay: its objects (simpy's events) form no
+        # cycle that outlives it (the engines let go of it below), and a collector pass
+        # over a large graph's objects costs more than the replay of a copy-free plan
+        was = gc.isenabled()
+        gc.disable()
         try:
             if self.schedule.infeasible_reason is not None:
+                self.planned_ms = self._planned_from(0, 0.0)
                 return
             if not self.copies:
                 self._sequential()
@@ -135,31 +217,46 @@ class Replay:
             self.env.run()
             self.end_ms = self.env.now
         finally:
-            # the copy engines wait on their queues for ever (and the compute stream
-            # never starts on a copy-free plan): each one's frame holds this replay
-            # (its schedule, effects and durations) in a reference cycle through an
-            # event it waits on; closing them lets reference counting free the
+            if was:
+                gc.enable()
+            # each engine holds this replay (its schedule and effects) in a
+            # reference cycle; letting go of it lets reference counting free the
             # replay at once, without the cyclic collector
-            if self.stream is not None:
-                for gen in (self.stream, *self.engines):
-                    gen.close()
+            for engine in self.engines:
+                engine.replay = None
 
     # -------------------------------------------------------------- memory
-    def _release(self, t, nbytes: int) -> None:
-        self.level -= nbytes
-        if self.record:
-            self.timeline.append(MemoryPoint(self.env.now, self.level, "free " + tensor_name(t),
-                                             LevelKind.FREE))
-
-    def _reserve(self, nbytes: int, what: str):
-        """Wait until ``nbytes`` fit under the capacity (generator)."""
+    def _reserve(self, nbytes: int, what: str) -> bool:
+        """Wait until ``nbytes`` fit under the capacity; False (and ``reason``) if
+        they do not and no free is under way.  Each wait for a free runs the events
+        before it, then those ordered before the free's own event."""
+        env = self.env
         while self.level + nbytes > self.capacity:
             if not self.deferred:
                 self._shortfall(nbytes, what)
-                raise _Infeasible()
-            start = self.env.now
-            yield self.freed_event
+                return False
+            start = env.now
+            frees = self.frees
+            while self.frees == frees:
+                env.step()
+            env.settle(env.now, self.freed)
             self._stall(start, "memory")
+        return True
+
+    def _await(self, copy: _Copy) -> None:
+        """Wait until ``copy`` ends, as a process yielding its end would: after the
+        engine that waits for it first, if one does (the host-to-device engine, for
+        an offload it copies back); else after the events before its end and those
+        ordered before its end's own event."""
+        env = self.env
+        waiter = copy.waiter
+        if waiter is not None:
+            while waiter.callbacks is not None:   # until it ran
+                env.step()
+            return
+        while not copy.done:
+            env.step()
+        env.settle(env.now, copy.ready)
 
     def _shortfall(self, nbytes: int, what: str) -> None:
         short = self.level + nbytes - self.capacity
@@ -168,11 +265,16 @@ class Replay:
                        f"{fmt_bytes(self.capacity)} budget is free "
                        f"({short} bytes short) and no free is under way")
 
-    def _stall(self, start: float, why: str) -> None:
-        if self.env.now > start:
-            self.stall_ms += self.env.now - start
+    def _stall(self, start: float, why: str, tensor=None) -> None:
+        """The compute stream waited from ``start`` to now, for ``why`` (and
+        ``tensor``: its name is built only for the timeline)."""
+        now = self.env.now
+        if now > start:
+            self.stall_ms += now - start
             if self.record:
-                self.intervals.append(Interval(start, self.env.now, Stream.COMPUTE, "stall", why,
+                if tensor is not None:
+                    why = f"{why} {tensor_name(tensor)}"
+                self.intervals.append(Interval(start, now, Stream.COMPUTE, "stall", why,
                                                IntervalKind.STALL))
 
     # ------------------------------------------------------------- streams
@@ -186,16 +288,19 @@ class Replay:
         capacity = self.capacity
         forward_end = g.forward_end
         timeline, intervals = self.timeline, self.intervals
+        plain_ms, step_ms = self.plain_ms, g.step_ms
         level, peak, now = self.level, self.peak, 0.0
-        recompute_ms, forward_end_ms, done_route = 0.0, 0.0, 0
-        for op, (nbytes, ws, freed), dur in zip(self.schedule.ops, self.effects,
-                                                self.durations):
+        recompute_ms, forward_end_ms, done_route, planned = 0.0, 0.0, 0, 0.0
+        k = len(self.schedule.ops)
+        for m, (op, (nbytes, ws, freed)) in enumerate(zip(self.schedule.ops, self.effects)):
             if op.action == COMPUTE:
                 need = ws + nbytes
                 if level + need > capacity:
                     self.level = level
                     self._shortfall(need, f"step {g.step_label(op.step)}")
+                    k = m
                     break
+                dur = plain_ms[op.phase][op.layer] if not op.algo else step_ms(op.step, op.algo)
                 level += need
                 if level > peak:
                     peak = level
@@ -205,6 +310,7 @@ class Replay:
                 if op.phase == "R":
                     recompute_ms += dur
                 else:
+                    planned += dur
                     done_route += 1
                     if done_route == forward_end:
                         forward_end_ms = now
@@ -225,166 +331,127 @@ class Replay:
                                                 LevelKind.FREE))
         self.level, self.peak, self.end_ms = level, peak, now
         self.recompute_ms, self.forward_end_ms = recompute_ms, forward_end_ms
+        self.planned_ms = self._planned_from(k, planned)
 
-    def _compute_stream(self):
+    def _compute_stream(self, _event=None) -> None:
         # The hot loop of the simulator: one pass over the ops with the ledger's
-        # effects and each compute op's duration precomputed (``durations``);
-        # names of steps and tensors are built only when recording.
+        # effects precomputed, each compute step's duration read from a table;
+        # names of steps and tensors are built only when recording.  ``pos`` is
+        # set where the stream waits (the engines read it).
         g, env = self.g, self.env
-        size = g.size
+        sizes = g.sizes
         record = self.record
         capacity = self.capacity
-        timeout = env.timeout
+        hold = env.hold
+        timeline, intervals = self.timeline, self.intervals
+        offloading, deferred = self.offloading, self.deferred
+        inbound, copied_out = self.inbound, self.copied_out
+        h2d, d2h = self.engines
+        plain_ms, step_ms = self.plain_ms, g.step_ms
         forward_end = g.forward_end
         done_route = 0
-        for k, (op, (nbytes, ws, freed), dur) in enumerate(
-                zip(self.schedule.ops, self.effects, self.durations)):
+        planned = 0.0
+        now = env.now
+        for k, (op, (nbytes, ws, freed)) in enumerate(zip(self.schedule.ops, self.effects)):
             act = op.action
             if act == COMPUTE:
                 need = ws + nbytes
                 if self.level + need > capacity:
                     self.pos = k
-                    try:
-                        yield from self._reserve(need, f"step {g.step_label(op.step)}")
-                    except _Infeasible:
+                    if not self._reserve(need, f"step {g.step_label(op.step)}"):
+                        self.planned_ms = self._planned_from(k, planned)
                         return
+                    now = env.now
+                dur = plain_ms[op.phase][op.layer] if not op.algo else step_ms(op.step, op.algo)
                 level = self.level = self.level + need
                 if level > self.peak:
                     self.peak = level
+                start = now
                 if record:
-                    self.timeline.append(MemoryPoint(env.now, level, f"{op.phase}{op.layer}"))
-                if record:
-                    start = env.now
+                    timeline.append(MemoryPoint(now, level, f"{op.phase}{op.layer}"))
                 if dur:
                     self.pos = k + 1   # its memory is taken: a copy ending now is after it
-                    yield timeout(dur)
+                    now = hold(dur)
                 if op.phase == "R":
                     self.recompute_ms += dur
                 else:
+                    planned += dur
                     done_route += 1
                     if done_route == forward_end:
-                        self.forward_end_ms = env.now
+                        self.forward_end_ms = now
                 if record:
-                    self.intervals.append(Interval(
-                        start, env.now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
+                    intervals.append(Interval(
+                        start, now, Stream.COMPUTE, f"{op.phase}{op.layer}", "",
                         IntervalKind.RECOMPUTE if op.phase == "R" else IntervalKind.STEP))
                 if ws:
                     self.level -= ws
                     if record:
-                        self.timeline.append(MemoryPoint(env.now, self.level, "workspace",
-                                                         LevelKind.WORKSPACE_END))
-            elif act == RELEASE and not self.offloading:   # the common case: freed now
-                self.level -= freed
-                if record:
-                    self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "free " + tensor_name(op.tensor),
-                                                     LevelKind.FREE))
+                        timeline.append(MemoryPoint(now, self.level, "workspace",
+                                                    LevelKind.WORKSPACE_END))
             elif act == RELEASE:
                 t = op.tensor
-                if t in self.offloading:
+                if t in offloading:
                     # The device copy leaves now (a prefetch may bring the tensor
                     # back before the copy ends) but holds its memory until then.
-                    self.deferred[t] = self.deferred.get(t, 0) + freed
+                    deferred[t] = deferred.get(t, 0) + freed
                 else:
-                    self._release(t, freed)
+                    self.level -= freed
+                    if record:
+                        timeline.append(MemoryPoint(now, self.level, "free " + tensor_name(t),
+                                                    LevelKind.FREE))
             elif act == TO_HOST:
                 t = op.tensor
-                ev = env.event()
-                self.offloading[t] = ev
-                self.copied_out[t] = ev
-                self.d2h_bytes += size(t)
-                self.d2h.put((t, ev, k))
+                offloading[t] = copied_out[t] = copy = _Copy()
+                self.d2h_bytes += sizes[t]
+                d2h.put((t, copy, k))
             elif act == TO_DEVICE:
                 t = op.tensor
-                if self.level + nbytes > self.capacity:
+                if self.level + nbytes > capacity:
                     self.pos = k
-                    try:
-                        yield from self._reserve(nbytes, f"prefetch of {tensor_name(t)}")
-                    except _Infeasible:
+                    if not self._reserve(nbytes, f"prefetch of {tensor_name(t)}"):
+                        self.planned_ms = self._planned_from(k, planned)
                         return
+                    now = env.now
                 self.level += nbytes
                 if self.level > self.peak:
                     self.peak = self.level
-                if self.record:
-                    self.timeline.append(MemoryPoint(env.now, self.level,
-                                                     "prefetch " + tensor_name(t),
-                                                     LevelKind.PREFETCH))
-                ev = env.event()
-                self.inbound[t] = ev
+                if record:
+                    timeline.append(MemoryPoint(now, self.level, "prefetch " + tensor_name(t),
+                                                LevelKind.PREFETCH))
+                inbound[t] = copy = _Copy()
                 self.h2d_bytes += nbytes
-                self.h2d.put((t, ev, k))
+                h2d.put((t, copy, k))
             elif act == SYNC:
-                ev = self.inbound.get(op.tensor) or self.copied_out.get(op.tensor)
-                if not ev.triggered:
-                    start = env.now
+                t = op.tensor
+                copy = inbound.get(t) or copied_out.get(t)
+                if not copy.done:
                     self.pos = k
-                    yield ev
-                    self._stall(start, "wait " + tensor_name(op.tensor))
-                self.inbound.pop(op.tensor, None)
+                    self._await(copy)
+                    self._stall(now, "wait", t)
+                    now = env.now
+                inbound.pop(t, None)
         self.pos = len(self.schedule.ops)
+        self.planned_ms = planned
 
-    def _copy_engine(self, queue, name: str, bandwidth: float):
-        env, size = self.env, self.g.size
-        items = queue.items
-        while True:
-            if not items:
-                queue.idle = env.event()
-                yield queue.idle
-            t, ev, k = items.popleft()
-            if name == "h2d":
-                pending = self.offloading.get(t)
-                if pending is not None and not pending.triggered:
-                    yield pending  # the host copy must exist before it comes back
-            start = env.now
-            nbytes = size(t)
-            yield env.timeout(nbytes / bandwidth * 1e3)
-            if self.record:
-                self.intervals.append(Interval(start, env.now, Stream(name), tensor_name(t), "",
-                                               IntervalKind.COPY))
-            ev.succeed()
-            if name == "d2h":
-                self.offload_ends[k] = self.pos
-                if self.offloading.get(t) is ev:
-                    del self.offloading[t]
-                if t in self.deferred:
-                    self.level -= self.deferred.pop(t)
-                    if self.record:
-                        self.timeline.append(MemoryPoint(env.now, self.level,
-                                                         "free " + tensor_name(t),
-                                                         LevelKind.FREE))
-                    old, self.freed_event = self.freed_event, env.event()
-                    old.succeed()
+    def _planned_from(self, k: int, planned: float) -> float:
+        """``planned`` plus the durations of the route's steps (not the recomputes)
+        from op ``k`` on, added in order (the op loops add up those they ran)."""
+        step_ms = self.g.step_ms
+        for op in itertools.islice(self.schedule.ops, k, None):
+            if type(op) is Compute and op.phase != "R":
+                planned += step_ms(op.step, op.algo)
+        return planned
 
 
-def _durations(graph: Graph, ops) -> tuple[list[float], float, bool]:
-    """Each op's duration (0 for the ops that are not computes; ``Graph.step_ms``
-    inline), the planned time of the route's steps (the recomputes left out),
-    and whether any op is a copy or waits for one."""
+def _plain_ms(graph: Graph) -> dict:
+    """Per phase, each layer's step duration with its first algorithm, indexed by
+    layer (``Graph.step_ms(step, 0)``), and the optimizer step's."""
     layers = graph.layers
-    durations = []
-    append = durations.append
-    planned = 0.0
-    copies = False
-    for op in ops:
-        if type(op) is Compute:
-            phase = op.phase
-            if phase == "O":
-                d = graph.optimizer_ms
-            else:
-                layer = layers[op.layer]
-                if op.algo and layer.workspace:
-                    w = layer.workspace[op.algo]
-                    d = w.bwd_ms if phase == "B" else w.fwd_ms
-                else:
-                    d = layer.bwd_ms if phase == "B" else layer.fwd_ms
-            if phase != "R":
-                planned += d
-            append(d)
-        else:
-            if op.action != RELEASE:
-                copies = True
-            append(0.0)
-    return durations, planned, copies
+    fwd = [layer.fwd_ms for layer in layers]
+    out: dict = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in layers]}
+    if graph.optimizer_step is not None:
+        out["O"] = {graph.optimizer_step[1]: graph.optimizer_ms}
+    return out
 
 
 def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
@@ -397,17 +464,8 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
     trace = graph.trace
     capacity = trace.device.memory_bytes if budget_bytes is None else budget_bytes
     static = trace.static_bytes   # a sum over the layers: once
-    # no cyclic collection during the replay: its objects (simpy's events) form no
-    # cycle that outlives it (run() closes the copy engines), and a collector pass
-    # over a large graph's objects costs more than the replay of a copy-free plan
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        run = Replay(graph, schedule, capacity, record, static)
-        run.run()
-    finally:
-        if was:
-            gc.enable()
+    run = Replay(graph, schedule, capacity, record, static)
+    run.run()   # with the cyclic collector paused
     feasible = run.reason is None and schedule.infeasible_reason is None
     reason = schedule.infeasible_reason or run.reason
     planned_ms = run.planned_ms
