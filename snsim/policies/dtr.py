@@ -197,6 +197,7 @@ class Planner(Chooser):
         self.settle_limit = settle_limit
         self.settle_resets = 0               # settles cut short: bounds back to N
         self.rescore = RESCORE
+        self.keep_bounds = False   # inside make_room: the pool keeps the last bounds
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
@@ -295,6 +296,7 @@ class Planner(Chooser):
         back = self.returned
         if not back:
             return
+        self.pool.lb = None   # bounds fall
         ev, cands, pool, nfwd = self.evicted, self.cands, self.pool, self.nfwd
         slot, K = pool.slot, pool.K
         gone = set(back)
@@ -369,6 +371,18 @@ class Planner(Chooser):
         return total
 
     def make_room(self, need: int, step: Step) -> None:
+        if self.level + need <= self.cap:
+            return
+        # one choice's bounds serve the next (:attr:`Pool.lb`): until the step runs
+        # the clock stands still, and evictions only raise scores
+        self.keep_bounds = True
+        try:
+            self.evict_for(need, step)
+        finally:
+            self.keep_bounds = False
+            self.pool.lb = None
+
+    def evict_for(self, need: int, step: Step) -> None:
         while self.level + need > self.cap and self.reason is None:
             t = self.victim()
             if t is None:
