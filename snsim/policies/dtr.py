@@ -205,6 +205,11 @@ class Planner(Chooser):
         # the evicted storage nodes: what the regions are made of; those back since
         # the last choice, whose bounds are still to lower (settle)
         self.evicted: set[int] = set()
+        # the same as flags per node, and a visit mark per node for the searches
+        # (a list indexed by node: cheaper than sets in the inner loops)
+        self.is_evicted = [False] * len(self.nfwd)
+        self.mark = [0] * len(self.nfwd)
+        self.walks = 0
         self.returned: list[int] = []
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
         # an op log (forward-only): never, as in simrd, where a released tensor stays
@@ -244,6 +249,7 @@ class Planner(Chooser):
         (their cached bounds stay lower bounds: regions only grow)."""
         if j not in self.evicted:
             self.evicted.add(j)
+            self.is_evicted[j] = True
             self.expiry.setdefault(self.horizon[j], []).append(j)
             self.near_bounds(j, 1.0)
 
@@ -274,6 +280,7 @@ class Planner(Chooser):
         next choice (:meth:`settle`)."""
         if j in self.evicted:
             self.evicted.discard(j)
+            self.is_evicted[j] = False
             self.returned.append(j)
             self.near_bounds(j, -1.0)
 
@@ -297,7 +304,8 @@ class Planner(Chooser):
         if not back:
             return
         self.pool.lb = None   # bounds fall
-        ev, cands, pool, nfwd = self.evicted, self.cands, self.pool, self.nfwd
+        ev, cands, pool, nfwd = self.is_evicted, self.cands, self.pool, self.nfwd
+        mark = self.mark
         slot, K = pool.slot, pool.K
         gone = set(back)
         back.clear()
@@ -305,15 +313,19 @@ class Planner(Chooser):
         mine = [j for j in gone if cands[j]]   # returned, resident again: theirs too
         reached, mass = [], []
         for links in (self.up, self.down):
-            seen, stack, found, ms = set(gone), list(gone), list(mine), 0.0
+            self.walks += 1
+            walk = self.walks
+            for j in gone:
+                mark[j] = walk
+            stack, found, ms = list(gone), list(mine), 0.0
             budget = self.settle_limit
             while stack and budget >= 0:
                 for q in links[stack.pop()]:
-                    if q not in seen:
-                        seen.add(q)
+                    if mark[q] != walk:
+                        mark[q] = walk
                         if cands[q]:
                             found.append(q)
-                        if q in ev:
+                        if ev[q]:
                             stack.append(q)
                             ms += nfwd[q]
                             budget -= 1
@@ -347,25 +359,32 @@ class Planner(Chooser):
         have more than ``chain`` layers.  The search stops once the sum exceeds
         ``limit``: the partial sum (above ``limit``) is then returned, a lower
         bound of the cost."""
-        ev = self.evicted
-        total = self.nfwd[j]
+        ev, mark, nfwd = self.is_evicted, self.mark, self.nfwd
+        total = nfwd[j]
         count = 0
-        nfwd = self.nfwd
         for links in ((self.up, self.down) if both else (self.up,)):
-            stack = [k for k in links[j] if k in ev]
+            self.walks += 1
+            walk = self.walks
+            stack = []
+            for k in links[j]:
+                if ev[k] and mark[k] != walk:
+                    mark[k] = walk
+                    stack.append(k)
             if not stack:
                 continue
-            seen = set(stack)
+            push, pop = stack.append, stack.pop
+            seen = len(stack)
             while stack:
-                k = stack.pop()
+                k = pop()
                 total += nfwd[k]
                 if total > limit:
                     return total
                 for q in links[k]:
-                    if q in ev and q not in seen:
-                        seen.add(q)
-                        stack.append(q)
-            count += len(seen)
+                    if ev[q] and mark[q] != walk:
+                        mark[q] = walk
+                        push(q)
+                        seen += 1
+            count += seen
         if count and 1 + count > self.chain:
             return math.inf
         return total
