@@ -164,6 +164,9 @@ class Planner(Chooser):
         self.evictions = 0
         self.remat_ms = 0.0
         self.keep_data = False        # the data layer's output stays to the end
+        self.data_layers = frozenset(i for i, layer in enumerate(graph.layers)
+                                     if layer.kind == "data")
+        self.remade_data = False      # a data layer recomputed: plan again, keeping it
         self.kept_data: set[Tensor] = set()
         self.infeasible: str | None = None
         self.remat_limit_ms = (thrash_limit - 1.0) * graph.compute_ms
@@ -183,6 +186,8 @@ class Planner(Chooser):
                 if t is not None:
                     base = (t,) + self.storage.get(t, ())
                     self.storage[("X", layer.id)] = self.storage.get(("X", layer.id), ()) + base
+        # a view with its storage's tensors (pinned, stamped together)
+        self.group = {t: (t,) + base for t, base in self.storage.items()}
         nodes = StorageNodes(graph, self.storage)
         self.node_of, self.layer_of, self.views_of = nodes.node_of, nodes.layer_of, nodes.views_of
         self.nfwd = nodes.nfwd
@@ -227,18 +232,18 @@ class Planner(Chooser):
         self.expiry: dict[int, list[int]] = {}   # route index -> layers leaving ``evicted``
 
     def pin(self, ts) -> None:
-        pins, storage, slot, P = self.pins, self.storage, self.pool.slot, self.pool.P
+        pins, group, slot, P = self.pins, self.group, self.pool.slot, self.pool.P
         for t in ts:
-            for u in (t,) + storage.get(t, ()):
+            for u in group.get(t) or (t,):
                 c = pins.get(u, 0)
                 pins[u] = c + 1
                 if not c and u in slot:
                     P[slot[u]] = math.inf
 
     def unpin(self, ts) -> None:
-        pins, storage, slot = self.pins, self.storage, self.pool.slot
+        pins, group, slot = self.pins, self.group, self.pool.slot
         for t in ts:
-            for u in (t,) + storage.get(t, ()):
+            for u in group.get(t) or (t,):
                 c = pins[u] - 1
                 pins[u] = c
                 if not c and u in slot:
@@ -489,10 +494,10 @@ class Planner(Chooser):
         does), the resident ones pinned; ``[step, needs, missing, next missing to
         make, want]``."""
         needs = self.g.needs(step)
-        res, stamps, storage, clock = self.resident, self.stamps, self.storage, self.clock
+        res, stamps, group, clock = self.resident, self.stamps, self.group, self.clock
         slot, A = self.pool.slot, self.pool.A
         for t in needs:
-            for u in (t,) + storage.get(t, ()):   # a view's read stamps its storage
+            for u in group.get(t) or (t,):   # a view's read stamps its storage
                 if u in res:
                     res[u] = clock
                     if u in slot:
@@ -538,6 +543,8 @@ class Planner(Chooser):
         self.level += born
         if step[0] == "R":
             self.remat_ms += ms
+            if step[1] in self.data_layers:
+                self.remade_data = True
             if self.owed.pop(step[1], 0):
                 self.owed_ms -= self.fwd[step[1]]
         pool, nbytes, fwd, pins, stamps = self.pool, self.nbytes, self.fwd, self.pins, self.stamps
@@ -584,8 +591,7 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
         raise ValueError(f"thrash limit must be above 1.0, got {thrash_limit}")
     d = _run_route(graph, planner(graph, capacity, score, sample, chain,
                                   thrash_limit=thrash_limit))
-    data = {i for i, layer in enumerate(graph.layers) if layer.kind == "data"}
-    if any(type(op) is Compute and op.phase == "R" and op.layer in data for op in d.ops):
+    if d.remade_data:
         # the input cannot be recomputed (it is read from the host): keep it to the end
         d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
         d.keep_data = True
