@@ -193,6 +193,7 @@ class Planner(Chooser):
         self.nfwd = nodes.nfwd
         self.up, self.down, self.near, self.cands = nodes.up, nodes.down, nodes.near, nodes.cands
         self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
+        self.sizes = graph.sizes   # tensor -> bytes
         self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
         self.rescored = 0                    # evictions that scored beyond the bound
@@ -430,7 +431,7 @@ class Planner(Chooser):
             return
         res = self.resident
         self.stamps[t] = res.pop(t)
-        self.level -= self.g.size(t)
+        self.level -= self.sizes[t]
         self.ops.append(Free(t))
         j = t[1]
         if self.last_use.get(t, -1) > self.pos:   # a later route step reads it: owed
@@ -521,14 +522,14 @@ class Planner(Chooser):
         simrd's does (the resident ones are made again and dropped after), and
         its resident results are not pinned meanwhile: room may be made by
         evicting them, and then they are made anew."""
-        g = self.g
+        g, sizes = self.g, self.sizes
         allocs = g.allocs(step)
         res = self.resident
         born = g.param_grad_bytes(step)   # set-to-none: resident from here on
         if step[0] == "R":
-            need = sum(g.size(t) for t in allocs)
+            need = sum(sizes[t] for t in allocs)
         else:
-            need = sum(g.size(t) for t in allocs if t not in res)
+            need = sum(sizes[t] for t in allocs if t not in res)
         self.make_room(need + born + g.workspace_bytes(step), step)
         if self.reason is not None:
             return
@@ -556,7 +557,7 @@ class Planner(Chooser):
         for t in new:
             last = clock if fresh else stamps.pop(t, clock)
             res[t] = last
-            self.level += g.size(t)
+            self.level += sizes[t]
             if t in nbytes:
                 pool.add(t, last, self.nfwd[self.cand_node[t]], nbytes[t], bool(pins.get(t)))
             if t in self.node_of:
