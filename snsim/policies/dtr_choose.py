@@ -92,15 +92,16 @@ class Chooser:
         picks = at.tolist()
         best_q, best_h = -1, math.inf
         found = self.first(lb, picks)
+        seen: dict[int, float] = {}   # slot -> its exact score
         if found is not None:
             h0 = found[0]
+            seen[picks[found[1]]] = h0
             # only picks whose bound does not exceed the smallest exact score can win:
             # sorting those (a prefix of the sorted order) is the whole sort's loop
             near = np.flatnonzero(lb <= h0 * (1.0 + 1e-9))
             order = near[np.argsort(lb[near], kind="stable")].tolist()
         else:
             order = []
-        seen: dict[int, float] = {}
         for q in order:
             low = lb[q]
             if low == math.inf or low > best_h * (1.0 + 1e-9):

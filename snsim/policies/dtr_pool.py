@@ -31,9 +31,13 @@ class Pool:
     def __init__(self, capacity: int):
         self.t: list = []
         self.slot: dict = {}
-        # the columns are rows of one array, so that a sample's are one gather
-        self.M = np.zeros((6, max(1, capacity)))
-        self.A, self.K, self.N, self.S, self.P, self.E = self.M
+        n = max(1, capacity)
+        self.A = np.zeros(n)
+        self.K = np.zeros(n)
+        self.N = np.zeros(n)
+        self.S = np.zeros(n)
+        self.P = np.zeros(n)
+        self.E = np.zeros(n)
         self.seq = 0.0
         # the last :meth:`bounds` of the whole pool while the planner keeps it (one
         # ``make_room``: the clock stands still and bounds only rise); a dropped
@@ -83,7 +87,11 @@ class Pool:
         cost and the neighbours' bound (``N``) as the cost: a lower bound of the true score for a
         score non-decreasing in the cost; inf where the staleness is not positive
         or the tensor is pinned."""
-        A, K, N, S, P = self.M[:5, :len(self.t)] if at is None else self.M[:5, at]
+        if at is None:
+            n = len(self.t)
+            A, K, N, S, P = self.A[:n], self.K[:n], self.N[:n], self.S[:n], self.P[:n]
+        else:
+            A, K, N, S, P = self.A[at], self.K[at], self.N[at], self.S[at], self.P[at]
         stale = clock - A
         with np.errstate(divide="ignore", invalid="ignore"):
             lb = score(np.maximum(K, N), S, stale)
