@@ -152,8 +152,12 @@ class Chooser:
         # every slot whose bound does not exceed the best exact score found: the
         # smallest score, of equal ones the latest evictable (simrd's scan, so it
         # never depends on which costs happen to be cached)
-        below = np.flatnonzero(lb <= h * (1.0 + 1e-9))
-        if len(below) > 1:   # ``first`` leaves ``h`` the smallest bound
+        tie = h * (1.0 + 1e-9)
+        lb[i] = math.inf   # ``first`` leaves ``h`` the smallest bound: is another as small?
+        alone = lb[lb.argmin()] > tie
+        lb[i] = h
+        below = () if alone else np.flatnonzero(lb <= tie)
+        if len(below) > 1:
             self.rescored += 1
             if self.rescore is not None and len(below) > self.rescore:
                 below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
