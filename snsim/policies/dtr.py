@@ -195,6 +195,7 @@ class Planner(Chooser):
         self.up, self.down, self.near, self.cands = nodes.up, nodes.down, nodes.near, nodes.cands
         self.cand_node = {t: nd for nd, ts in enumerate(self.cands) for t in ts}
         self.sizes = graph.sizes   # tensor -> bytes
+        self.needs = graph.needs_map   # step -> the tensors it reads
         self.nbytes = {t: graph.size(t) for ts in self.cands for t in ts}
         self.pool = Pool(len(self.nbytes))   # the resident ones, for the scan
         self.rescored = 0                    # evictions that scored beyond the bound
@@ -205,6 +206,8 @@ class Planner(Chooser):
         self.settle_resets = 0               # settles cut short: bounds back to N
         self.rescore = RESCORE
         self.keep_bounds = False   # inside make_room: the pool keeps the last bounds
+        self.step_info: dict[Step, tuple] = {}   # step -> allocs, bytes, ms, its op
+        self.free_ops: dict[Tensor, Free] = {}
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
@@ -433,7 +436,10 @@ class Planner(Chooser):
         res = self.resident
         self.stamps[t] = res.pop(t)
         self.level -= self.sizes[t]
-        self.ops.append(Free(t))
+        op = self.free_ops.get(t)
+        if op is None:
+            op = self.free_ops[t] = Free(t)
+        self.ops.append(op)
         j = t[1]
         if self.last_use.get(t, -1) > self.pos:   # a later route step reads it: owed
             c = self.owed.get(j, 0)
@@ -495,7 +501,7 @@ class Planner(Chooser):
         (an evicted one keeps the stamp for when it is back, as simrd's storage
         does), the resident ones pinned; ``[step, needs, missing, next missing to
         make, want]``."""
-        needs = self.g.needs(step)
+        needs = self.needs[step]
         res, stamps, group, clock = self.resident, self.stamps, self.group, self.clock
         slot, A = self.pool.slot, self.pool.A
         for t in needs:
@@ -523,15 +529,20 @@ class Planner(Chooser):
         simrd's does (the resident ones are made again and dropped after), and
         its resident results are not pinned meanwhile: room may be made by
         evicting them, and then they are made anew."""
-        g, sizes = self.g, self.sizes
-        allocs = g.allocs(step)
+        sizes = self.sizes
+        info = self.step_info.get(step)
+        if info is None:   # what the graph says of the step, once (ops are immutable)
+            g = self.g
+            info = self.step_info[step] = (g.allocs(step), g.param_grad_bytes(step),
+                                           g.workspace_bytes(step), g.step_ms(step),
+                                           Compute(*step))
+        allocs, born, ws, ms, op = info   # born: set-to-none grads, resident from here on
         res = self.resident
-        born = g.param_grad_bytes(step)   # set-to-none: resident from here on
         if step[0] == "R":
             need = sum(sizes[t] for t in allocs)
         else:
             need = sum(sizes[t] for t in allocs if t not in res)
-        self.make_room(need + born + g.workspace_bytes(step), step)
+        self.make_room(need + born + ws, step)
         if self.reason is not None:
             return
         # evictable in simrd's order: the op's other results, then the one it was
@@ -539,8 +550,7 @@ class Planner(Chooser):
         new = [t for t in allocs if t not in res and t != want]
         if want in allocs and want not in res:
             new.append(want)
-        self.ops.append(Compute(*step))
-        ms = g.step_ms(step)
+        self.ops.append(op)
         self.clock += ms
         self.level += born
         if step[0] == "R":
