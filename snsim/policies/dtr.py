@@ -69,11 +69,13 @@ candidates whose bound does not exceed the best exact score so far are
 scored exactly.  The first exact score is found best first (the smallest
 bound's search is cut at the next bound and its bound raised, until the
 smallest bound is a score), and every later search stops once its candidate
-is certain to lose; lowering cached bounds after recomputations that would
+is certain to lose.  Within one ``make_room`` the clock stands still and
+evictions only raise scores, so one choice's bounds (raised where scored)
+serve the next.  Lowering cached bounds after recomputations that would
 search more than ``SETTLE_LIMIT`` evicted storages upwards (``SETTLE_DOWN``
-downwards) drops them to the neighbours' bound instead (deep in thrashing every recomputation would search
-the network again: ResNet-2500 at 1.05x, 23k evictions, 13 s -> 3.7 s, the
-same choices)
+downwards) drops them to the neighbours' bound instead (deep in thrashing
+every recomputation would search the network again: ResNet-2500 at 1.05x,
+23k evictions, 13 s -> 3.7 s, the same choices)
 (``tests/test_dtr.py`` checks every choice against a brute-force scorer on
 random graphs and ResNet-50, the recomputations against simrd's runtime
 restated plainly on random op logs, the sampled choice against a scan of the
@@ -308,8 +310,8 @@ class Planner(Chooser):
         returned node) lose at most the returned nodes and what the search finds
         below them, and vice versa; their bounds drop by that much (the
         neighbours' bound ``N`` stays under them).  A search in one direction
-        stops past its limit (``settle_limits``) of evicted nodes: then the candidates it would
-        have reached are not known, so every cached bound drops by what they
+        stops past its limit (``settle_limits``) of evicted nodes: then the
+        candidates it would have reached are not known, so every cached bound drops by what they
         lose (known if the other search finished), and those the other search
         reached (whose loss the stopped search would have told) fall back to
         ``N``; both stopped, every cached bound falls back to ``N``.  Deep in
