@@ -54,6 +54,7 @@ def _run(opts: Options, what: str, subjects: dict, pols, budget) -> list[dict]:
 
         from tqdm import tqdm
 
+        tqdm.monitor_interval = 0   # no monitor thread: the search forks its workers
         bar = tqdm(total=len(items), desc=f"max-{what}", unit="search", file=sys.stderr,
                    leave=False)
 

@@ -11,16 +11,12 @@ are scored exactly.
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
 
 from snsim.graph import Tensor
 
-
-# best first among this many of the smallest bounds (:meth:`Chooser.first`)
-FIRST = 16
 
 
 class Chooser:
@@ -44,47 +40,32 @@ class Chooser:
         return self.score(cost, size, stale) if stale > 0 and cost < math.inf \
             else math.inf
 
-    def first(self, lb: np.ndarray, slots: list[int]) -> tuple[float, int] | None:
+    def first(self, lb: np.ndarray, slots) -> tuple[float, int] | None:
         """The smallest exact score among ``slots`` (pool slots, ``lb`` their lower
-        bounds, raised here where a search stopped) and its index in ``slots``,
-        best first: the candidate with the smallest bound is scored with its
-        search cut at the next smallest bound (or at twice its own, so that a
-        candidate searched again searches at least twice as far), its bound
-        raised if cut, until the smallest bound is an exact score.
-        Among the ``FIRST`` smallest bounds, then all; None if no score is
-        finite."""
-        n = len(slots)
-        if n > FIRST:
-            part = np.argpartition(lb, FIRST)
-            group, floor = part[:FIRST].tolist(), float(lb[part[FIRST]])
-        else:
-            group, floor = list(range(n)), math.inf
-        heap = [(float(lb[q]), q) for q in group]
-        heapq.heapify(heap)
+        bounds, raised here where a search stopped, set to the score where
+        scored) and its index in ``slots``, best first: the candidate with the
+        smallest bound is scored with its search cut at the next smallest bound
+        (or at twice its own, so that a candidate searched again searches at
+        least twice as far), its bound raised if cut, until the smallest bound
+        is an exact score.  None if no score is finite."""
+        pool, inf = self.pool, math.inf
         done: set[int] = set()
-        pool = self.pool
-        while heap:
-            low, q = heap[0]
-            if low == math.inf or low > floor:
-                break   # the smallest may be outside the group: all of them
+        while True:
+            q = int(lb.argmin())
+            low = float(lb[q])
+            if low == inf:
+                return None
             if q in done:
                 return low, q
-            heapq.heappop(heap)
-            nxt = min(heap[0][0] if heap else math.inf, floor)
-            t = pool.t[slots[q]]
-            cut = max(nxt, 2.0 * low) if nxt < math.inf else math.inf
-            h = self.exact(t, cut)
-            if h <= cut or h == math.inf:
+            lb[q] = inf
+            nxt = float(lb[lb.argmin()])
+            cut = max(nxt, 2.0 * low) if nxt < inf else inf
+            h = self.exact(pool.t[slots[q]], cut)
+            if h <= cut or h == inf:
                 done.add(q)
-            lb[q] = max(lb[q], h) if q not in done else h
-            heapq.heappush(heap, (float(lb[q]), q))
-        if n <= FIRST:
-            return None
-        q = int(lb.argmin())
-        if lb[q] == math.inf:
-            return None
-        h = lb[q] = self.exact(pool.t[slots[q]])
-        return (h, q) if h < math.inf else None
+                lb[q] = h
+            else:
+                lb[q] = max(low, h)
 
     def best(self, candidates) -> Tensor | None:
         """The unpinned tensor of ``candidates`` (pool slots) with the smallest
@@ -111,15 +92,16 @@ class Chooser:
         picks = at.tolist()
         best_q, best_h = -1, math.inf
         found = self.first(lb, picks)
+        seen: dict[int, float] = {}   # slot -> its exact score
         if found is not None:
             h0 = found[0]
+            seen[picks[found[1]]] = h0
             # only picks whose bound does not exceed the smallest exact score can win:
             # sorting those (a prefix of the sorted order) is the whole sort's loop
             near = np.flatnonzero(lb <= h0 * (1.0 + 1e-9))
             order = near[np.argsort(lb[near], kind="stable")].tolist()
         else:
             order = []
-        seen: dict[int, float] = {}
         for q in order:
             low = lb[q]
             if low == math.inf or low > best_h * (1.0 + 1e-9):
@@ -156,25 +138,33 @@ class Chooser:
             picked = self.best_of(self.rng.integers(0, n, self.sample))
             if picked is not None:
                 return picked
-        lb = pool.bounds(self.score, self.clock)
+        lb = pool.lb
+        if lb is None or len(lb) != n:
+            lb = pool.bounds(self.score, self.clock)
+            if self.keep_bounds:
+                pool.lb = lb   # raised below, where scored: still lower bounds
         E = pool.E
         found = self.first(lb, range(n))
         if found is None:   # all pinned or scoring inf: the latest evictable, as a scan
             free = np.flatnonzero(pool.P[:n] == 0.0)
             return pool.t[int(free[E[free].argmax()])] if len(free) else None
         h, i = found
-        low = float(lb.min())
         # every slot whose bound does not exceed the best exact score found: the
         # smallest score, of equal ones the latest evictable (simrd's scan, so it
         # never depends on which costs happen to be cached)
-        below = np.flatnonzero(lb <= h * (1.0 + 1e-9))
-        if len(below) > 1 or h > low:
+        tie = h * (1.0 + 1e-9)
+        lb[i] = math.inf   # ``first`` leaves ``h`` the smallest bound: is another as small?
+        alone = lb[lb.argmin()] > tie
+        lb[i] = h
+        below = () if alone else np.flatnonzero(lb <= tie)
+        if len(below) > 1:
             self.rescored += 1
             if self.rescore is not None and len(below) > self.rescore:
                 below = below[np.argpartition(lb[below], self.rescore)[:self.rescore]]
             for k in below[np.argsort(-E[below])].tolist():   # latest first: ties keep them
                 if k != i and lb[k] <= h * (1.0 + 1e-9):
                     hk = self.exact(pool.t[k], h)
+                    lb[k] = max(lb[k], hk)
                     if hk < h or (hk == h and E[k] > E[i]):
                         i, h = k, hk
         return pool.t[i]

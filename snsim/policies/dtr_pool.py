@@ -39,6 +39,10 @@ class Pool:
         self.P = np.zeros(n)
         self.E = np.zeros(n)
         self.seq = 0.0
+        # the last :meth:`bounds` of the whole pool while the planner keeps it (one
+        # ``make_room``: the clock stands still and bounds only rise); a dropped
+        # slot's entry moves as the slot does
+        self.lb: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t)
@@ -49,20 +53,27 @@ class Pool:
         self.t.append(t)
         self.A[k], self.K[k], self.N[k], self.S[k] = last, fwd, fwd, size
         self.P[k] = math.inf if pinned else 0.0
+        self.lb = None
         self.seq += 1
         self.E[k] = self.seq
 
     def unpinned(self, i: int) -> None:
         """Slot i's last pin is released: evictable again, latest in the order."""
         self.P[i] = 0.0
+        self.lb = None
         self.seq += 1
         self.E[i] = self.seq
 
     def drop(self, t) -> None:
         k = self.slot.pop(t)
         last = self.t.pop()
+        n = len(self.t)
+        lb = self.lb
+        if lb is not None:
+            if k < n:
+                lb[k] = lb[n]
+            self.lb = lb[:n]
         if last is not t and last != t:
-            n = len(self.t)
             self.t[k] = last
             self.slot[last] = k
             self.A[k], self.K[k], self.N[k], self.S[k], self.P[k], self.E[k] = (
@@ -76,12 +87,15 @@ class Pool:
         cost and the neighbours' bound (``N``) as the cost: a lower bound of the true score for a
         score non-decreasing in the cost; inf where the staleness is not positive
         or the tensor is pinned."""
-        n = len(self.t)
-        ix = slice(0, n) if at is None else at
-        stale = clock - self.A[ix]
+        if at is None:
+            n = len(self.t)
+            A, K, N, S, P = self.A[:n], self.K[:n], self.N[:n], self.S[:n], self.P[:n]
+        else:
+            A, K, N, S, P = self.A[at], self.K[at], self.N[at], self.S[at], self.P[at]
+        stale = clock - A
         with np.errstate(divide="ignore", invalid="ignore"):
-            lb = score(np.maximum(self.K[ix], self.N[ix]), self.S[ix], stale)
-        lb = np.asarray(lb, dtype=float) + self.P[ix]
+            lb = score(np.maximum(K, N), S, stale)
+        lb = np.asarray(lb, dtype=float) + P   # a new array: the score may return a column
         lb[stale <= 0] = math.inf
         return lb
 

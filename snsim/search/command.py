@@ -85,6 +85,7 @@ def run(args) -> int:
     if not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
 
+        tqdm.monitor_interval = 0   # no monitor thread: the search forks its workers
         bar = tqdm(desc=f"{args.what} {name}", unit="probe", leave=False, file=sys.stderr)
 
     def on_probe(p):
