@@ -573,16 +573,18 @@ class Graph:
         least = self.least_step_bytes
         born_bytes = self.born_bytes if self.grads_born else None
         size = self.sizes.__getitem__
-        needs_map, allocs_map = self.needs_map, self.allocs_map
-        layers, in_place = self.layers, self.in_place_of
-        for s in self.route:
-            phase, i = s
+        tables, all_bytes = self.step_tables, self.alloc_bytes_table
+        # a step with no in-place input and no measured hand-over peak needs its
+        # reads, its allocs and its smallest workspace (least_step_bytes, inline)
+        simple = self.simple_min_workspace
+        for phase, i in self.route:
             if born_bytes is not None and phase == "B":   # param_grad_bytes, inline
                 born += born_bytes[i]
-            if layers[i].workspace or i in in_place:
-                need = least(s)
-            else:   # least_step_bytes without workspace or in-place input: inline
-                need = sum(map(size, needs_map[s])) + sum(map(size, allocs_map[s]))
+            ws = simple[phase][i]
+            if ws is None:
+                need = least((phase, i))
+            else:
+                need = sum(map(size, tables[phase][0][i])) + all_bytes[phase][i] + ws
             need += born
             if need > best:
                 best = need
@@ -591,6 +593,25 @@ class Graph:
             if need > best:
                 best = need
         return self.trace.static_bytes + best
+
+    @cached_property
+    def simple_min_workspace(self) -> dict[str, list]:
+        """Per phase (``F``, ``R``, ``B``), per layer: the smallest workspace of its
+        step where that is all :meth:`least_step_bytes` adds to what the step reads
+        and allocates (no in-place input for ``F``/``R``, no measured hand-over
+        peak for ``B``; 0 without workspace); None where it works out more."""
+        in_place = self.in_place_of
+        fwd, bwd = [], []
+        for layer in self.layers:
+            ws = layer.workspace
+            if not ws:
+                fwd.append(None if layer.id in in_place else 0)
+                bwd.append(0)
+                continue
+            fwd.append(None if layer.id in in_place else min(w.fwd_bytes for w in ws))
+            bwd.append(None if any(w.bwd_released is not None for w in ws)
+                       else min(w.backward_bytes for w in ws))
+        return {"F": fwd, "R": fwd, "B": bwd}
 
     def least_step_bytes(self, step: Step) -> int:
         """The smallest level ``step`` itself can run at, over its workspace entries:

@@ -14,8 +14,8 @@ from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies.replay import shortfall
-from snsim.policies.sequences import use_positions
-from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+from snsim.policies.sequences import op_tables, use_positions
+from snsim.schedule.ops import Compute, Offload, Op
 
 _RES, _HOST, _IN = 1, 2, 3
 # graph -> {dyn_ws: per phase (F, R, B), per layer, the workspace a step reserves}
@@ -72,6 +72,7 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
+        self.tables = op_tables(graph)
         self.sz = graph.sizes
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
@@ -148,7 +149,7 @@ class CachePlanner:
             for t in [t for t, s in self.state.items() if s == _IN and t not in pinned]:
                 if self.level + need <= self.cap:
                     return True
-                self.ops.append(Wait(t))
+                self.ops.append(self.tables.wait[t])
                 self.state[t] = _RES
                 self.home[t][t] = None
                 self._evict(t)
@@ -163,17 +164,17 @@ class CachePlanner:
         self.state[t] = _HOST
         copy = (self.made_at[t], t)   # this instance of t
         if self.sync and copy not in self.copies:
-            self.ops.append(Offload(t))
-            self.ops.append(Wait(t))
+            self.ops.append(self.tables.offload[t])
+            self.ops.append(self.tables.wait[t])
         self.copies.add(copy)
         self.evicted.add(t)
         heapq.heappush(self.host_heap, (self._next_use(t, self.pos), t))
-        self.ops.append(Free(t))
+        self.ops.append(self.tables.free[t])
         self.level -= self.sz[t]
         self.n_evict += 1
 
     def _fetch(self, t: Tensor) -> None:
-        self.ops.append(Prefetch(t))
+        self.ops.append(self.tables.prefetch[t])
         self.state[t] = _IN
         self.level += self.sz[t]
         self.bytes_in += self.sz[t]
@@ -182,19 +183,33 @@ class CachePlanner:
     def run(self) -> list[Op]:
         g, sz, state, home, ops = self.g, self.sz, self.state, self.home, self.ops
         prefer, lru_p, lru_o = self.prefer, self.lru_p, self.lru_o
-        needs_of, allocs_of = g.needs_map, g.allocs_map
-        ws_need = self.ws_need
-        layers, boundary, frees = g.layers, self.boundary, self.frees
+        seq = self.seq
+        # per position, looked up in C before the walk: what the step needs and
+        # allocates, its Compute op (the first algorithm), whether it has several
+        # workspace algorithms to choose from
+        needs_seq = list(map(g.needs_map.__getitem__, seq))
+        allocs_seq = list(map(g.allocs_map.__getitem__, seq))
+        tables = op_tables(g)
+        computes = tables.computes(seq)
+        tables.add_frees(self.uses)   # every tensor the walk may free
+        wait, free = tables.wait, tables.free
+        layers = g.layers
+        choose = [len(layers[i].workspace) > 1 for _, i in seq] if self.dyn_ws \
+            else [False] * len(seq)
+        ws_need, born_seq = self.ws_need, self.born
+        boundary, frees = self.boundary, self.frees
+        if boundary is None:
+            boundary = [False] * len(seq)
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
-        cap, dyn_ws = self.cap, self.dyn_ws
+        cap = self.cap
+        append = ops.append
         hits = 0
-        for p, step in enumerate(self.seq):
+        for p, (step, needs, allocs, comp, algos, wsn, born, bnd, fp) in enumerate(zip(
+                seq, needs_seq, allocs_seq, computes, choose, ws_need, born_seq,
+                boundary, frees)):
             self.pos = p
-            needs = needs_of[step]
-            allocs = allocs_of[step]
-            pinned = needs + allocs
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
                 s = state[t]
@@ -206,34 +221,34 @@ class CachePlanner:
                     continue
                 if s == _HOST:
                     self.misses += 1
-                    if not self._make_room(sz[t], pinned, p):
+                    if not self._make_room(sz[t], needs + allocs, p):
                         self._fail(step, sz[t])
                     self._fetch(t)
                 else:
                     self.prefetched += 1
-                ops.append(Wait(t))
+                append(wait[t])
                 state[t] = _RES
                 home[t][t] = None
             # 2. room for what it allocates, with its smallest workspace
             new = []
-            nb = 0
+            nb = born
             for t in allocs:
                 if state.get(t) != _RES:
                     new.append(t)
                     nb += sz[t]
-            ws = layers[step[1]].workspace
-            born = self.born[p]
-            nb += born
-            need = nb + ws_need[p]
-            if self.level + need > cap and not self._make_room(need, pinned, p):
+            need = nb + wsn
+            if self.level + need > cap and not self._make_room(need, needs + allocs, p):
                 self._fail(step, need)
             # 3. prefetch ahead, leaving room for this step
-            if boundary is not None and boundary[p] and self.host_heap:
-                self._prefetch_window(p, need, pinned)
+            if bnd and self.host_heap:
+                self._prefetch_window(p, need, needs + allocs)
             # 4. the step, with its workspace algorithm
             # (one workspace entry: its algorithm 0, whatever is free)
-            algo = self._algo(step, nb) if dyn_ws and ws and len(ws) > 1 else 0
-            ops.append(Compute(step[0], step[1], algo))
+            if algos:
+                algo = self._algo(step, nb)
+                append(comp if algo == 0 else Compute(step[0], step[1], algo))
+            else:
+                append(comp)
             k = len(ops)
             self.level += nb
             for t in new:
@@ -246,21 +261,22 @@ class CachePlanner:
                 if keep_made:
                     made.append((k, t))
             # 5. liveness
-            for t in frees[p]:
+            for t in fp:
                 if state.pop(t, None) == _RES:
-                    ops.append(Free(t))
+                    append(free[t])
                     self.level -= sz[t]
                     d = home.get(t)
                     if d is not None:
                         d.pop(t, None)
         self.hits = hits
         if not self.sync:   # paper mode: copy out right after the step that made it
+            offload = tables.offload
             at: dict[int, list] = {}
             copies = set(self.copies)
             if self.offload_all:   # every preferred tensor (checkpoint outputs)
                 copies.update((k, t) for k, t in made if prefer is None or prefer(t))
             for k, t in sorted(copies):
-                at.setdefault(k, []).append(Offload(t))
+                at.setdefault(k, []).append(offload[t])
             out: list[Op] = []
             prev = 0
             for k in sorted(at):   # each offload group before op k (or at the end)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,19 @@ from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Work
 _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
                "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace", "grad_bytes"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
+# the optional layer fields only some checks of _semantic_check and _oplog_check read
+_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "param_shares", "inplace_alias",
+                        "output_sizes", "input_results", "alias_of", "output_released_after",
+                        "released_after"})
 _validator = None
 _fast = None
 
 
 def schema() -> dict[str, Any]:
     """The published JSON Schema of ``snsim.trace/1``."""
-    text = resources.files("snsim.trace").joinpath("trace.schema.json").read_text("utf-8")
+    # beside this module (package data); read as a plain file: importlib.resources
+    # would import its readers (zipfile among them) on every command's path
+    text = Path(__file__).with_name("trace.schema.json").read_text("utf-8")
     return json.loads(text)
 
 
@@ -121,6 +126,12 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             for key in ("fwd_ms", "bwd_ms"):
                 if not math.isfinite(ws[key]):
                     raise TraceError(f"{where}, field workspace.{k}.{key}: time must be finite")
+        if raw.keys().isdisjoint(_RARE_KEYS):
+            # none of the fields the checks below read (most layers of most traces)
+            if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
+                raise TraceError(f"{where}, field inputs: only data layers may have no "
+                                 "inputs")
+            continue
         if raw.get("grad_bytes", 0) > raw["output_bytes"]:
             raise TraceError(f"{where}, field grad_bytes: {raw['grad_bytes']} is more than "
                              f"output_bytes {raw['output_bytes']} (a gradient is at most the "
