@@ -10,6 +10,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from itertools import compress
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
@@ -91,15 +92,11 @@ class CachePlanner:
         self.n_landed = 0
         self.pos = 0
         self.host_heap: list = []   # (next use, tensor) of evicted tensors
-        # next_b[p]: the next boundary position after p (the last position if none)
-        end = len(seq) - 1
-        self.next_b = [end] * len(seq)
-        if self.boundary is not None:
-            nxt, bnd, next_b = end, self.boundary, self.next_b
-            for q in range(len(seq) - 1, -1, -1):
-                next_b[q] = nxt
-                if bnd[q]:
-                    nxt = q
+        # the boundary positions, in order (the prefetch window of position p ends
+        # at the ahead-th one after p, or at the last position)
+        self.end = len(seq) - 1
+        self.bpos = list(compress(range(len(seq)), self.boundary)) \
+            if self.boundary is not None else []
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use), read from
         # per-layer tables (the graph's alloc_bytes_table, _ws_table)
@@ -194,8 +191,8 @@ class CachePlanner:
         tables.add_frees(self.uses)   # every tensor the walk may free
         wait, free = tables.wait, tables.free
         layers = g.layers
-        choose = [len(layers[i].workspace) > 1 for _, i in seq] if self.dyn_ws \
-            else [False] * len(seq)
+        multi = [len(layer.workspace) > 1 for layer in layers] if self.dyn_ws else ()
+        choose = [multi[i] for _, i in seq] if any(multi) else [False] * len(seq)
         ws_need, born_seq = self.ws_need, self.born
         boundary, frees = self.boundary, self.frees
         if boundary is None:
@@ -300,9 +297,12 @@ class CachePlanner:
         return small if best is None else best
 
     def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
-        last = p
-        for _ in range(self.ahead):
-            last = self.next_b[last]
+        if self.ahead > 0:
+            bpos = self.bpos
+            k = bisect_right(bpos, p) + self.ahead - 1
+            last = bpos[k] if k < len(bpos) else self.end
+        else:
+            last = p
         heap, state = self.host_heap, self.state
         want, seen = [], set()
         while heap and heap[0][0] <= last:

@@ -8,6 +8,9 @@ helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
+from itertools import chain, repeat
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
@@ -20,6 +23,24 @@ _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
 _COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_FREES: WeakKeyDictionary = WeakKeyDictionary()
 _OP_TABLES: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def make_ops(cls, *columns) -> list:
+    """``[cls(*row) for row in zip(*columns)]``, every field of the frozen op class
+    ``cls`` given a column, the objects made and their fields set in C (no Python
+    ``__init__`` frame per op: a deep trace's plan has ~10^5 ops).  The same
+    objects: the generated ``__init__`` only sets the fields (a class with a
+    ``__post_init__`` is made the plain way)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if len(names) != len(columns):
+        raise ValueError(f"{cls.__name__} has fields {names}, got {len(columns)} columns")
+    if hasattr(cls, "__post_init__"):
+        return [cls(*row) for row in zip(*columns)]
+    columns = [list(col) for col in columns]
+    ops = list(map(object.__new__, repeat(cls, len(columns[0]))))
+    for name, col in zip(names, columns):
+        deque(map(getattr(cls, name).__set__, ops, col), maxlen=0)
+    return ops
 
 
 class OpTable(dict):
@@ -52,19 +73,20 @@ class OpTables:
 
     def computes(self, seq: list[Step]) -> list[Compute]:
         """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
-        missing ones made in one pass, not one lookup miss at a time."""
+        missing ones made in one pass (:func:`make_ops`)."""
         table = self.compute
-        new = set(seq).difference(table)
+        new = list(set(seq).difference(table))
         if new:
-            table.update(zip(new, map(Compute, *zip(*new))))
+            phases, layers = zip(*new)
+            table.update(zip(new, make_ops(Compute, phases, layers, repeat(0, len(new)))))
         return list(map(table.__getitem__, seq))
 
     def add_frees(self, tensors) -> None:
         """Make the ``Free`` ops of ``tensors`` that are not in the table yet."""
         table = self.free
-        new = set(tensors).difference(table)
+        new = list(set(tensors).difference(table))
         if new:
-            table.update(zip(new, map(Free, new)))
+            table.update(zip(new, make_ops(Free, new)))
 
 
 def op_tables(graph: Graph) -> OpTables:
@@ -231,10 +253,13 @@ def _route_frees(graph: Graph) -> list[list[Tensor]]:
 
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     frees = _route_frees(graph) if seq is graph.route else _frees(graph, seq)
+    tables = op_tables(graph)   # the ops made in C (make_ops), shared with other plans
+    tables.add_frees(chain.from_iterable(frees))
+    free = tables.free.__getitem__
     ops: list[Op] = []
     append, extend = ops.append, ops.extend
-    for p, (phase, i) in enumerate(seq):
-        append(Compute(phase, i))
-        if frees[p]:
-            extend(map(Free, frees[p]))
+    for compute, fp in zip(tables.computes(seq), frees):
+        append(compute)
+        if fp:
+            extend(map(free, fp))
     return ops
