@@ -8,12 +8,11 @@ helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
-import dataclasses
-from collections import deque
 from itertools import chain, repeat
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
+from snsim.trace.model import make_records
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 # per graph, the route's use positions and liveness ops: every policy of an
@@ -23,24 +22,6 @@ _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
 _COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_FREES: WeakKeyDictionary = WeakKeyDictionary()
 _OP_TABLES: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def make_ops(cls, *columns) -> list:
-    """``[cls(*row) for row in zip(*columns)]``, every field of the frozen op class
-    ``cls`` given a column, the objects made and their fields set in C (no Python
-    ``__init__`` frame per op: a deep trace's plan has ~10^5 ops).  The same
-    objects: the generated ``__init__`` only sets the fields (a class with a
-    ``__post_init__`` is made the plain way)."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    if len(names) != len(columns):
-        raise ValueError(f"{cls.__name__} has fields {names}, got {len(columns)} columns")
-    if hasattr(cls, "__post_init__"):
-        return [cls(*row) for row in zip(*columns)]
-    columns = [list(col) for col in columns]
-    ops = list(map(object.__new__, repeat(cls, len(columns[0]))))
-    for name, col in zip(names, columns):
-        deque(map(getattr(cls, name).__set__, ops, col), maxlen=0)
-    return ops
 
 
 class OpTable(dict):
@@ -73,12 +54,12 @@ class OpTables:
 
     def computes(self, seq: list[Step]) -> list[Compute]:
         """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
-        missing ones made in one pass (:func:`make_ops`)."""
+        missing ones made in one pass (:func:`~snsim.trace.model.make_records`)."""
         table = self.compute
         new = list(set(seq).difference(table))
         if new:
             phases, layers = zip(*new)
-            table.update(zip(new, make_ops(Compute, phases, layers, repeat(0, len(new)))))
+            table.update(zip(new, make_records(Compute, phases, layers, repeat(0, len(new)))))
         return list(map(table.__getitem__, seq))
 
     def add_frees(self, tensors) -> None:
@@ -86,7 +67,7 @@ class OpTables:
         table = self.free
         new = list(set(tensors).difference(table))
         if new:
-            table.update(zip(new, make_ops(Free, new)))
+            table.update(zip(new, make_records(Free, new)))
 
 
 def op_tables(graph: Graph) -> OpTables:
@@ -253,7 +234,7 @@ def _route_frees(graph: Graph) -> list[list[Tensor]]:
 
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     frees = _route_frees(graph) if seq is graph.route else _frees(graph, seq)
-    tables = op_tables(graph)   # the ops made in C (make_ops), shared with other plans
+    tables = op_tables(graph)   # the ops made in C (make_records), shared with other plans
     tables.add_frees(chain.from_iterable(frees))
     free = tables.free.__getitem__
     ops: list[Op] = []
