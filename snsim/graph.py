@@ -98,7 +98,8 @@ class Graph:
             i = layer.id
             if layer.kind == "data":
                 continue
-            rg[i] = reaches[i] and (layer.param_bytes > 0 or any(rg[j] for j in layer.inputs))
+            rg[i] = reaches[i] and (layer.param_bytes > 0
+                                    or any(map(rg.__getitem__, layer.inputs)))
         self.reaches_loss = reaches
         self.requires_grad = rg
         # Gradient G_j is allocated by the first backward step that contributes to
@@ -136,13 +137,15 @@ class Graph:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
         self.multi_result = frozenset(self.results_of)
         # every tensor's bytes, looked up by the hot loops (``size`` is its getter)
-        self.sizes: dict[Tensor, int] = {}
+        sizes: dict[Tensor, int] = {}
+        self.sizes = sizes
+        x_bytes = self.x_bytes
         for layer in layers:
             i = layer.id
-            self.sizes[xs[i]] = self.x_bytes[i]
-            self.sizes[ss[i]] = layer.saved_extra_bytes
-            self.sizes[gs[i]] = layer.gradient_bytes
-        self.sizes.update(self.result_bytes)
+            sizes[xs[i]] = x_bytes[i]
+            sizes[ss[i]] = layer.saved_extra_bytes
+            sizes[gs[i]] = layer.gradient_bytes
+        sizes.update(self.result_bytes)
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
         self.in_place_of: dict[int, Tensor] = {}
@@ -184,7 +187,7 @@ class Graph:
             fwd_allocs = (xs[i],) + more + ((ss[i],) if saved else ())
             reads = layer.extra.get("input_results") if layer.extra else None
             fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
-                              if t is not None) if reads else tuple([xs[j] for j in ins])
+                              if t is not None) if reads else tuple(map(xs.__getitem__, ins))
             needs_map[("F", i)] = fwd_needs
             allocs_map[("F", i)] = fwd_allocs
             needs_map[("R", i)] = fwd_needs
@@ -197,7 +200,7 @@ class Graph:
                 needs.append(ss[i])
             bwd_reads = layer.bwd_reads
             if "inputs" in bwd_reads:    # layer.reads_inputs
-                needs.extend([xs[j] for j in ins])
+                needs.extend(map(xs.__getitem__, ins))
             if "output" in bwd_reads:    # layer.reads_output
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
@@ -239,7 +242,9 @@ class Graph:
                 continue
             own = cur.get(i, gs[i])   # the loss makes its own
             self.grad_in[i] = own
-            live.get(own, set()).discard(i)   # this step reads G_i for the last time
+            readers = live.get(own)
+            if readers is not None:
+                readers.discard(i)   # this step reads G_i for the last time
             shares = layers[i].extra.get("grad_shares", ())
             plan = []
             for j in dict.fromkeys(layers[i].inputs):
@@ -252,7 +257,10 @@ class Graph:
                     else:
                         cur[j] = gs[j]
                         plan.append((j, NEW, gs[j], None))
-                    live.setdefault(cur[j], set()).add(j)
+                    readers = live.get(cur[j])
+                    if readers is None:
+                        readers = live[cur[j]] = set()
+                    readers.add(j)
                     continue
                 old = cur[j]
                 part = self.size(old) != layers[j].gradient_bytes
@@ -508,12 +516,18 @@ class Graph:
     @cached_property
     def views(self) -> tuple[tuple[int, ...], ...]:
         """Per layer, the layers whose output is a view of its storage (``alias_of``)."""
-        views: list[list[int]] = [[] for _ in range(self.n)]
+        per: dict[int, list[int]] = {}   # only the layers that have views
         for layer in self.layers:
-            for j, _ in layer.extra.get("alias_of", ()):
-                if layer.id not in views[j]:
-                    views[j].append(layer.id)
-        return tuple(tuple(v) for v in views)
+            alias = layer.extra.get("alias_of")
+            if alias:
+                for j, _ in alias:
+                    v = per.setdefault(j, [])
+                    if layer.id not in v:
+                        v.append(layer.id)
+        views: list[tuple[int, ...]] = [()] * self.n
+        for j, v in per.items():
+            views[j] = tuple(v)
+        return tuple(views)
 
     @cached_property
     def holds(self) -> dict[Tensor, int]:

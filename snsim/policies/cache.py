@@ -10,7 +10,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import OrderedDict
-from itertools import compress
+from itertools import compress, repeat
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
@@ -202,6 +202,15 @@ class CachePlanner:
         keep_made = self.offload_all
         cap = self.cap
         append = ops.append
+        # every tensor's LRU list, set before the walk (prefer asked once per tensor);
+        # a tensor is in its list only while it is resident and evictable
+        ts = list(self.uses)
+        if prefer is None:
+            home.update(zip(ts, repeat(lru_p)))
+        else:
+            home.update(zip(ts, map((lru_o, lru_p).__getitem__, map(bool, map(prefer, ts)))))
+        RES, HOST = _RES, _HOST
+        level = self.level   # kept here; self.level around the calls that read or move it
         hits = 0
         for p, (step, needs, allocs, comp, algos, wsn, born, bnd, fp) in enumerate(zip(
                 seq, needs_seq, allocs_seq, computes, choose, ws_need, born_seq,
@@ -210,61 +219,65 @@ class CachePlanner:
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
                 s = state[t]
-                if s == _RES:
-                    d = home.get(t)
-                    if d is not None and t in d:
+                if s == RES:
+                    d = home[t]
+                    if t in d:
                         hits += 1
                         d.move_to_end(t)
                     continue
-                if s == _HOST:
+                if s == HOST:
                     self.misses += 1
+                    self.level = level
                     if not self._make_room(sz[t], needs + allocs, p):
                         self._fail(step, sz[t])
                     self._fetch(t)
+                    level = self.level
                 else:
                     self.prefetched += 1
                 append(wait[t])
-                state[t] = _RES
+                state[t] = RES
                 home[t][t] = None
             # 2. room for what it allocates, with its smallest workspace
             new = []
             nb = born
             for t in allocs:
-                if state.get(t) != _RES:
+                if state.get(t) != RES:
                     new.append(t)
                     nb += sz[t]
             need = nb + wsn
-            if self.level + need > cap and not self._make_room(need, needs + allocs, p):
-                self._fail(step, need)
+            if level + need > cap:
+                self.level = level
+                if not self._make_room(need, needs + allocs, p):
+                    self._fail(step, need)
+                level = self.level
             # 3. prefetch ahead, leaving room for this step
             if bnd and self.host_heap:
+                self.level = level
                 self._prefetch_window(p, need, needs + allocs)
+                level = self.level
             # 4. the step, with its workspace algorithm
             # (one workspace entry: its algorithm 0, whatever is free)
             if algos:
+                self.level = level
                 algo = self._algo(step, nb)
                 append(comp if algo == 0 else Compute(step[0], step[1], algo))
             else:
                 append(comp)
             k = len(ops)
-            self.level += nb
+            level += nb
             for t in new:
-                state[t] = _RES
-                d = home.get(t)
-                if d is None:
-                    d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
-                d[t] = None
+                state[t] = RES
+                home[t][t] = None
                 made_at[t] = k
                 if keep_made:
                     made.append((k, t))
             # 5. liveness
             for t in fp:
-                if state.pop(t, None) == _RES:
+                if state.pop(t, None) == RES:
                     append(free[t])
-                    self.level -= sz[t]
-                    d = home.get(t)
-                    if d is not None:
-                        d.pop(t, None)
+                    level -= sz[t]
+                    home[t].pop(t, None)
+        self.level = level
         self.hits = hits
         if not self.sync:   # paper mode: copy out right after the step that made it
             offload = tables.offload

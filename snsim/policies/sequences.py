@@ -201,14 +201,16 @@ def _frees(graph: Graph, seq: list[Step]) -> list[list[Tensor]]:
     last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
     get = last.get
-    for p, step in enumerate(seq):
-        for t in needs[step]:
+    p = 0
+    for nd, al in zip(map(needs.__getitem__, seq), map(allocs.__getitem__, seq)):
+        for t in nd:
             last[t] = p
-        for t in allocs[step]:
+        for t in al:
             q = get(t)
             if q is not None and q != p:
                 frees[q].append(t)
             last[t] = p
+        p += 1
     holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
     if holds:
         for t, q in last.items():
