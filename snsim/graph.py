@@ -180,6 +180,10 @@ class Graph:
         results_of, grad_in, grad_plan = self.results_of, self.grad_in, self.grad_plan
         rg, buffer_steps = self.requires_grad, self.buffer_steps
         last_i = self.n - 1
+        # the same tuples by layer, per phase (step_tables), as they are made
+        f_needs, f_allocs, b_needs, b_allocs = [], [], [None] * self.n, [None] * self.n
+        self._tables = {"F": (f_needs, f_allocs), "R": (f_needs, f_allocs),
+                        "B": (b_needs, b_allocs)}
         for i, layer in enumerate(self.layers):
             ins = self._ins[i]
             more = results_of.get(i, ()) if results_of else ()
@@ -192,6 +196,8 @@ class Graph:
             allocs_map[("F", i)] = fwd_allocs
             needs_map[("R", i)] = fwd_needs
             allocs_map[("R", i)] = fwd_allocs
+            f_needs.append(fwd_needs)
+            f_allocs.append(fwd_allocs)
             if not rg[i]:
                 continue
             last = i == last_i
@@ -212,10 +218,10 @@ class Graph:
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
                     (allocs if self.param_buffers[p][1][0] == i else needs).append(ps[p])
-            needs_map[("B", i)] = tuple(dict.fromkeys(needs)) if len(needs) > 1 \
-                else tuple(needs)
-            allocs_map[("B", i)] = tuple(dict.fromkeys(allocs)) if len(allocs) > 1 \
-                else tuple(allocs)
+            needs_map[("B", i)] = b_needs[i] = tuple(dict.fromkeys(needs)) \
+                if len(needs) > 1 else tuple(needs)
+            allocs_map[("B", i)] = b_allocs[i] = tuple(dict.fromkeys(allocs)) \
+                if len(allocs) > 1 else tuple(allocs)
 
     def _plan_gradients(self) -> None:
         """Which storage holds each ``G_j`` at each backward step (DESIGN 3,
@@ -458,12 +464,9 @@ class Graph:
         """Per phase (``F``, ``R``, ``B``): the needs and the allocs of each layer's
         step, indexed by layer (None where the layer has no such step): the two
         maps as lists, for the per-op loops (an index instead of a tuple hashed)."""
-        # F and R steps share their tuples (_build_steps): one pair of lists for both
-        fwd = ([self.needs_map[("F", i)] for i in range(self.n)],
-               [self.allocs_map[("F", i)] for i in range(self.n)])
-        bwd = ([self.needs_map.get(("B", i)) for i in range(self.n)],
-               [self.allocs_map.get(("B", i)) for i in range(self.n)])
-        return {"F": fwd, "R": fwd, "B": bwd}
+        # F and R steps share their tuples: one pair of lists for both, filled
+        # by _build_steps as it makes the two maps
+        return self._tables
 
     @cached_property
     def alloc_bytes_table(self) -> dict[str, list]:
