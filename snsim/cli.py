@@ -315,7 +315,14 @@ def _add_training(p) -> None:
                    "backward, kept to the optimizer step; default: the trace's (resident)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# commands whose parsers cli.py builds itself; the others' come from their modules
+CORE_COMMANDS = ("simulate", "info", "schedule", "policies")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``snsim`` parser; for one of :data:`CORE_COMMANDS` (the command a
+    command line names), without the other commands, whose modules it would
+    import only to add their options."""
     from snsim import __version__
 
     parser = _Parser(prog="snsim", description="Simulate GPU memory management policies "
@@ -368,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("policies", help="list the registered policies")
     p.set_defaults(func=cmd_policies)
 
+    if command in CORE_COMMANDS:
+        return parser
     _add_profile(sub)
     _add_validate(sub)
     from snsim.importers.command import add_arguments as add_import
@@ -390,7 +399,10 @@ def printable_lines(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the command, where the line starts with it (no top-level option before it)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

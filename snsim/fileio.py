@@ -9,10 +9,8 @@ configuration and versions that each output carries.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,6 +20,9 @@ from snsim.errors import SnsimError
 
 def provenance(config: dict[str, Any] | None = None) -> dict[str, Any]:
     """What produced an output: snsim and library versions, command, config."""
+    import datetime as _dt   # here, not at import: only the files that carry it
+    import platform
+
     import numpy
     import simpy
 

@@ -98,7 +98,8 @@ class Graph:
             i = layer.id
             if layer.kind == "data":
                 continue
-            rg[i] = reaches[i] and (layer.param_bytes > 0 or any(rg[j] for j in layer.inputs))
+            rg[i] = reaches[i] and (layer.param_bytes > 0
+                                    or any(map(rg.__getitem__, layer.inputs)))
         self.reaches_loss = reaches
         self.requires_grad = rg
         # Gradient G_j is allocated by the first backward step that contributes to
@@ -136,13 +137,15 @@ class Graph:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
         self.multi_result = frozenset(self.results_of)
         # every tensor's bytes, looked up by the hot loops (``size`` is its getter)
-        self.sizes: dict[Tensor, int] = {}
+        sizes: dict[Tensor, int] = {}
+        self.sizes = sizes
+        x_bytes = self.x_bytes
         for layer in layers:
             i = layer.id
-            self.sizes[xs[i]] = self.x_bytes[i]
-            self.sizes[ss[i]] = layer.saved_extra_bytes
-            self.sizes[gs[i]] = layer.gradient_bytes
-        self.sizes.update(self.result_bytes)
+            sizes[xs[i]] = x_bytes[i]
+            sizes[ss[i]] = layer.saved_extra_bytes
+            sizes[gs[i]] = layer.gradient_bytes
+        sizes.update(self.result_bytes)
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
         self.in_place_of: dict[int, Tensor] = {}
@@ -177,6 +180,10 @@ class Graph:
         results_of, grad_in, grad_plan = self.results_of, self.grad_in, self.grad_plan
         rg, buffer_steps = self.requires_grad, self.buffer_steps
         last_i = self.n - 1
+        # the same tuples by layer, per phase (step_tables), as they are made
+        f_needs, f_allocs, b_needs, b_allocs = [], [], [None] * self.n, [None] * self.n
+        self._tables = {"F": (f_needs, f_allocs), "R": (f_needs, f_allocs),
+                        "B": (b_needs, b_allocs)}
         for i, layer in enumerate(self.layers):
             ins = self._ins[i]
             more = results_of.get(i, ()) if results_of else ()
@@ -184,11 +191,13 @@ class Graph:
             fwd_allocs = (xs[i],) + more + ((ss[i],) if saved else ())
             reads = layer.extra.get("input_results") if layer.extra else None
             fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
-                              if t is not None) if reads else tuple([xs[j] for j in ins])
+                              if t is not None) if reads else tuple(map(xs.__getitem__, ins))
             needs_map[("F", i)] = fwd_needs
             allocs_map[("F", i)] = fwd_allocs
             needs_map[("R", i)] = fwd_needs
             allocs_map[("R", i)] = fwd_allocs
+            f_needs.append(fwd_needs)
+            f_allocs.append(fwd_allocs)
             if not rg[i]:
                 continue
             last = i == last_i
@@ -197,7 +206,7 @@ class Graph:
                 needs.append(ss[i])
             bwd_reads = layer.bwd_reads
             if "inputs" in bwd_reads:    # layer.reads_inputs
-                needs.extend([xs[j] for j in ins])
+                needs.extend(map(xs.__getitem__, ins))
             if "output" in bwd_reads:    # layer.reads_output
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
@@ -209,10 +218,10 @@ class Graph:
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
                     (allocs if self.param_buffers[p][1][0] == i else needs).append(ps[p])
-            needs_map[("B", i)] = tuple(dict.fromkeys(needs)) if len(needs) > 1 \
-                else tuple(needs)
-            allocs_map[("B", i)] = tuple(dict.fromkeys(allocs)) if len(allocs) > 1 \
-                else tuple(allocs)
+            needs_map[("B", i)] = b_needs[i] = tuple(dict.fromkeys(needs)) \
+                if len(needs) > 1 else tuple(needs)
+            allocs_map[("B", i)] = b_allocs[i] = tuple(dict.fromkeys(allocs)) \
+                if len(allocs) > 1 else tuple(allocs)
 
     def _plan_gradients(self) -> None:
         """Which storage holds each ``G_j`` at each backward step (DESIGN 3,
@@ -239,7 +248,9 @@ class Graph:
                 continue
             own = cur.get(i, gs[i])   # the loss makes its own
             self.grad_in[i] = own
-            live.get(own, set()).discard(i)   # this step reads G_i for the last time
+            readers = live.get(own)
+            if readers is not None:
+                readers.discard(i)   # this step reads G_i for the last time
             shares = layers[i].extra.get("grad_shares", ())
             plan = []
             for j in dict.fromkeys(layers[i].inputs):
@@ -252,7 +263,10 @@ class Graph:
                     else:
                         cur[j] = gs[j]
                         plan.append((j, NEW, gs[j], None))
-                    live.setdefault(cur[j], set()).add(j)
+                    readers = live.get(cur[j])
+                    if readers is None:
+                        readers = live[cur[j]] = set()
+                    readers.add(j)
                     continue
                 old = cur[j]
                 part = self.size(old) != layers[j].gradient_bytes
@@ -450,12 +464,9 @@ class Graph:
         """Per phase (``F``, ``R``, ``B``): the needs and the allocs of each layer's
         step, indexed by layer (None where the layer has no such step): the two
         maps as lists, for the per-op loops (an index instead of a tuple hashed)."""
-        # F and R steps share their tuples (_build_steps): one pair of lists for both
-        fwd = ([self.needs_map[("F", i)] for i in range(self.n)],
-               [self.allocs_map[("F", i)] for i in range(self.n)])
-        bwd = ([self.needs_map.get(("B", i)) for i in range(self.n)],
-               [self.allocs_map.get(("B", i)) for i in range(self.n)])
-        return {"F": fwd, "R": fwd, "B": bwd}
+        # F and R steps share their tuples: one pair of lists for both, filled
+        # by _build_steps as it makes the two maps
+        return self._tables
 
     @cached_property
     def alloc_bytes_table(self) -> dict[str, list]:
@@ -508,12 +519,18 @@ class Graph:
     @cached_property
     def views(self) -> tuple[tuple[int, ...], ...]:
         """Per layer, the layers whose output is a view of its storage (``alias_of``)."""
-        views: list[list[int]] = [[] for _ in range(self.n)]
+        per: dict[int, list[int]] = {}   # only the layers that have views
         for layer in self.layers:
-            for j, _ in layer.extra.get("alias_of", ()):
-                if layer.id not in views[j]:
-                    views[j].append(layer.id)
-        return tuple(tuple(v) for v in views)
+            alias = layer.extra.get("alias_of")
+            if alias:
+                for j, _ in alias:
+                    v = per.setdefault(j, [])
+                    if layer.id not in v:
+                        v.append(layer.id)
+        views: list[tuple[int, ...]] = [()] * self.n
+        for j, v in per.items():
+            views[j] = tuple(v)
+        return tuple(views)
 
     @cached_property
     def holds(self) -> dict[Tensor, int]:
@@ -573,16 +590,18 @@ class Graph:
         least = self.least_step_bytes
         born_bytes = self.born_bytes if self.grads_born else None
         size = self.sizes.__getitem__
-        needs_map, allocs_map = self.needs_map, self.allocs_map
-        layers, in_place = self.layers, self.in_place_of
-        for s in self.route:
-            phase, i = s
+        tables, all_bytes = self.step_tables, self.alloc_bytes_table
+        # a step with no in-place input and no measured hand-over peak needs its
+        # reads, its allocs and its smallest workspace (least_step_bytes, inline)
+        simple = self.simple_min_workspace
+        for phase, i in self.route:
             if born_bytes is not None and phase == "B":   # param_grad_bytes, inline
                 born += born_bytes[i]
-            if layers[i].workspace or i in in_place:
-                need = least(s)
-            else:   # least_step_bytes without workspace or in-place input: inline
-                need = sum(map(size, needs_map[s])) + sum(map(size, allocs_map[s]))
+            ws = simple[phase][i]
+            if ws is None:
+                need = least((phase, i))
+            else:
+                need = sum(map(size, tables[phase][0][i])) + all_bytes[phase][i] + ws
             need += born
             if need > best:
                 best = need
@@ -591,6 +610,25 @@ class Graph:
             if need > best:
                 best = need
         return self.trace.static_bytes + best
+
+    @cached_property
+    def simple_min_workspace(self) -> dict[str, list]:
+        """Per phase (``F``, ``R``, ``B``), per layer: the smallest workspace of its
+        step where that is all :meth:`least_step_bytes` adds to what the step reads
+        and allocates (no in-place input for ``F``/``R``, no measured hand-over
+        peak for ``B``; 0 without workspace); None where it works out more."""
+        in_place = self.in_place_of
+        fwd, bwd = [], []
+        for layer in self.layers:
+            ws = layer.workspace
+            if not ws:
+                fwd.append(None if layer.id in in_place else 0)
+                bwd.append(0)
+                continue
+            fwd.append(None if layer.id in in_place else min(w.fwd_bytes for w in ws))
+            bwd.append(None if any(w.bwd_released is not None for w in ws)
+                       else min(w.backward_bytes for w in ws))
+        return {"F": fwd, "R": fwd, "B": bwd}
 
     def least_step_bytes(self, step: Step) -> int:
         """The smallest level ``step`` itself can run at, over its workspace entries:

@@ -10,12 +10,13 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from itertools import compress, repeat
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies.replay import shortfall
-from snsim.policies.sequences import use_positions
-from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+from snsim.policies.sequences import op_tables, use_positions
+from snsim.schedule.ops import Compute, Offload, Op
 
 _RES, _HOST, _IN = 1, 2, 3
 # graph -> {dyn_ws: per phase (F, R, B), per layer, the workspace a step reserves}
@@ -72,6 +73,7 @@ class CachePlanner:
         self.boundary = boundary if boundary is not None and not sync else None
         self.sync, self.dyn_ws, self.offload_all = sync, dyn_ws, offload_all
         self.uses, self.frees = use_positions(graph, seq)
+        self.tables = op_tables(graph)
         self.sz = graph.sizes
         self.level = graph.trace.static_bytes
         self.state: dict[Tensor, int] = {}
@@ -90,15 +92,11 @@ class CachePlanner:
         self.n_landed = 0
         self.pos = 0
         self.host_heap: list = []   # (next use, tensor) of evicted tensors
-        # next_b[p]: the next boundary position after p (the last position if none)
-        end = len(seq) - 1
-        self.next_b = [end] * len(seq)
-        if self.boundary is not None:
-            nxt, bnd, next_b = end, self.boundary, self.next_b
-            for q in range(len(seq) - 1, -1, -1):
-                next_b[q] = nxt
-                if bnd[q]:
-                    nxt = q
+        # the boundary positions, in order (the prefetch window of position p ends
+        # at the ahead-th one after p, or at the last position)
+        self.end = len(seq) - 1
+        self.bpos = list(compress(range(len(seq)), self.boundary)) \
+            if self.boundary is not None else []
         # Per position: what the step allocates plus its smallest workspace
         # (prefetches ahead leave room for the steps before their use), read from
         # per-layer tables (the graph's alloc_bytes_table, _ws_table)
@@ -148,7 +146,7 @@ class CachePlanner:
             for t in [t for t, s in self.state.items() if s == _IN and t not in pinned]:
                 if self.level + need <= self.cap:
                     return True
-                self.ops.append(Wait(t))
+                self.ops.append(self.tables.wait[t])
                 self.state[t] = _RES
                 self.home[t][t] = None
                 self._evict(t)
@@ -163,17 +161,17 @@ class CachePlanner:
         self.state[t] = _HOST
         copy = (self.made_at[t], t)   # this instance of t
         if self.sync and copy not in self.copies:
-            self.ops.append(Offload(t))
-            self.ops.append(Wait(t))
+            self.ops.append(self.tables.offload[t])
+            self.ops.append(self.tables.wait[t])
         self.copies.add(copy)
         self.evicted.add(t)
         heapq.heappush(self.host_heap, (self._next_use(t, self.pos), t))
-        self.ops.append(Free(t))
+        self.ops.append(self.tables.free[t])
         self.level -= self.sz[t]
         self.n_evict += 1
 
     def _fetch(self, t: Tensor) -> None:
-        self.ops.append(Prefetch(t))
+        self.ops.append(self.tables.prefetch[t])
         self.state[t] = _IN
         self.level += self.sz[t]
         self.bytes_in += self.sz[t]
@@ -182,85 +180,113 @@ class CachePlanner:
     def run(self) -> list[Op]:
         g, sz, state, home, ops = self.g, self.sz, self.state, self.home, self.ops
         prefer, lru_p, lru_o = self.prefer, self.lru_p, self.lru_o
-        needs_of, allocs_of = g.needs_map, g.allocs_map
-        ws_need = self.ws_need
-        layers, boundary, frees = g.layers, self.boundary, self.frees
+        seq = self.seq
+        # per position, looked up in C before the walk: what the step needs and
+        # allocates, its Compute op (the first algorithm), whether it has several
+        # workspace algorithms to choose from
+        needs_seq = list(map(g.needs_map.__getitem__, seq))
+        allocs_seq = list(map(g.allocs_map.__getitem__, seq))
+        tables = op_tables(g)
+        computes = tables.computes(seq)
+        tables.add_frees(self.uses)   # every tensor the walk may free
+        wait, free = tables.wait, tables.free
+        layers = g.layers
+        multi = [len(layer.workspace) > 1 for layer in layers] if self.dyn_ws else ()
+        choose = [multi[i] for _, i in seq] if any(multi) else [False] * len(seq)
+        ws_need, born_seq = self.ws_need, self.born
+        boundary, frees = self.boundary, self.frees
+        if boundary is None:
+            boundary = [False] * len(seq)
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
-        cap, dyn_ws = self.cap, self.dyn_ws
+        cap = self.cap
+        append = ops.append
+        # every tensor's LRU list, set before the walk (prefer asked once per tensor);
+        # a tensor is in its list only while it is resident and evictable
+        ts = list(self.uses)
+        if prefer is None:
+            home.update(zip(ts, repeat(lru_p)))
+        else:
+            home.update(zip(ts, map((lru_o, lru_p).__getitem__, map(bool, map(prefer, ts)))))
+        RES, HOST = _RES, _HOST
+        level = self.level   # kept here; self.level around the calls that read or move it
         hits = 0
-        for p, step in enumerate(self.seq):
+        for p, (step, needs, allocs, comp, algos, wsn, born, bnd, fp) in enumerate(zip(
+                seq, needs_seq, allocs_seq, computes, choose, ws_need, born_seq,
+                boundary, frees)):
             self.pos = p
-            needs = needs_of[step]
-            allocs = allocs_of[step]
-            pinned = needs + allocs
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
                 s = state[t]
-                if s == _RES:
-                    d = home.get(t)
-                    if d is not None and t in d:
+                if s == RES:
+                    d = home[t]
+                    if t in d:
                         hits += 1
                         d.move_to_end(t)
                     continue
-                if s == _HOST:
+                if s == HOST:
                     self.misses += 1
-                    if not self._make_room(sz[t], pinned, p):
+                    self.level = level
+                    if not self._make_room(sz[t], needs + allocs, p):
                         self._fail(step, sz[t])
                     self._fetch(t)
+                    level = self.level
                 else:
                     self.prefetched += 1
-                ops.append(Wait(t))
-                state[t] = _RES
+                append(wait[t])
+                state[t] = RES
                 home[t][t] = None
             # 2. room for what it allocates, with its smallest workspace
             new = []
-            nb = 0
+            nb = born
             for t in allocs:
-                if state.get(t) != _RES:
+                if state.get(t) != RES:
                     new.append(t)
                     nb += sz[t]
-            ws = layers[step[1]].workspace
-            born = self.born[p]
-            nb += born
-            need = nb + ws_need[p]
-            if self.level + need > cap and not self._make_room(need, pinned, p):
-                self._fail(step, need)
+            need = nb + wsn
+            if level + need > cap:
+                self.level = level
+                if not self._make_room(need, needs + allocs, p):
+                    self._fail(step, need)
+                level = self.level
             # 3. prefetch ahead, leaving room for this step
-            if boundary is not None and boundary[p] and self.host_heap:
-                self._prefetch_window(p, need, pinned)
+            if bnd and self.host_heap:
+                self.level = level
+                self._prefetch_window(p, need, needs + allocs)
+                level = self.level
             # 4. the step, with its workspace algorithm
             # (one workspace entry: its algorithm 0, whatever is free)
-            algo = self._algo(step, nb) if dyn_ws and ws and len(ws) > 1 else 0
-            ops.append(Compute(step[0], step[1], algo))
+            if algos:
+                self.level = level
+                algo = self._algo(step, nb)
+                append(comp if algo == 0 else Compute(step[0], step[1], algo))
+            else:
+                append(comp)
             k = len(ops)
-            self.level += nb
+            level += nb
             for t in new:
-                state[t] = _RES
-                d = home.get(t)
-                if d is None:
-                    d = home[t] = lru_o if prefer is not None and not prefer(t) else lru_p
-                d[t] = None
+                state[t] = RES
+                home[t][t] = None
                 made_at[t] = k
                 if keep_made:
                     made.append((k, t))
             # 5. liveness
-            for t in frees[p]:
-                if state.pop(t, None) == _RES:
-                    ops.append(Free(t))
-                    self.level -= sz[t]
-                    d = home.get(t)
-                    if d is not None:
-                        d.pop(t, None)
+            for t in fp:
+                if state.pop(t, None) == RES:
+                    append(free[t])
+                    level -= sz[t]
+                    home[t].pop(t, None)
+        self.level = level
         self.hits = hits
         if not self.sync:   # paper mode: copy out right after the step that made it
+            offload = tables.offload
             at: dict[int, list] = {}
             copies = set(self.copies)
             if self.offload_all:   # every preferred tensor (checkpoint outputs)
                 copies.update((k, t) for k, t in made if prefer is None or prefer(t))
             for k, t in sorted(copies):
-                at.setdefault(k, []).append(Offload(t))
+                at.setdefault(k, []).append(offload[t])
             out: list[Op] = []
             prev = 0
             for k in sorted(at):   # each offload group before op k (or at the end)
@@ -284,9 +310,12 @@ class CachePlanner:
         return small if best is None else best
 
     def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
-        last = p
-        for _ in range(self.ahead):
-            last = self.next_b[last]
+        if self.ahead > 0:
+            bpos = self.bpos
+            k = bisect_right(bpos, p) + self.ahead - 1
+            last = bpos[k] if k < len(bpos) else self.end
+        else:
+            last = p
         heap, state = self.host_heap, self.state
         want, seen = [], set()
         while heap and heap[0][0] <= last:

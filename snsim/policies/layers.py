@@ -13,12 +13,20 @@ from snsim.graph import Graph
 CHECKPOINT_KINDS = frozenset({"conv", "fc", "add", "concat", "data", "loss", "softmax"})
 
 
+_CHECKPOINTS: WeakKeyDictionary = WeakKeyDictionary()   # graph -> checkpoints
+
+
 def checkpoints(graph: Graph) -> list[bool]:
     """SuperNeurons' checkpoint layers: conv, fc, add, concat, data, loss,
-    softmax, the last layer, and any layer with several consumers (a fork)."""
-    n = graph.n
-    return [layer.kind in CHECKPOINT_KINDS or len(graph.consumers[i]) > 1 or i == n - 1
+    softmax, the last layer, and any layer with several consumers (a fork)
+    (worked out once per graph; a new list each call)."""
+    got = _CHECKPOINTS.get(graph)
+    if got is None:
+        n = graph.n
+        got = _CHECKPOINTS[graph] = [
+            layer.kind in CHECKPOINT_KINDS or len(graph.consumers[i]) > 1 or i == n - 1
             for i, layer in enumerate(graph.layers)]
+    return list(got)
 
 
 def segments(graph: Graph, keep: list[bool]) -> tuple[list[list[int]], list[int]]:

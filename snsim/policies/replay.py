@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, tensor_name
 from snsim.schedule import ledger
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op
 from snsim.units import fmt_bytes
+
+_STEP_MS: WeakKeyDictionary = WeakKeyDictionary()   # graph -> per-layer fwd / bwd ms
 
 
 def with_optimizer_step(graph: Graph, ops: list[Op]) -> list[Op]:
@@ -72,7 +75,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     step the plan will end with is counted (note 2)."""
     ops = with_optimizer_step(graph, ops)
     size = graph.sizes
-    layers = graph.layers
+    fwd_ms, bwd_ms = _step_ms_tables(graph)
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
     now = d2h = h2d = 0.0
@@ -101,17 +104,18 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             if level + nb + ws > capacity and not fit(nb + ws):
                 return math.inf
             level += nb
-            if op.algo or op.phase == "O":
+            phase = op.phase
+            if op.algo or phase == "O":
                 now += graph.step_ms(op.step, op.algo)
             else:
-                layer = layers[op.layer]
-                now += layer.bwd_ms if op.phase == "B" else layer.fwd_ms
+                now += (bwd_ms if phase == "B" else fwd_ms)[op.layer]
         elif act == RELEASE:
-            done = off_done.get(op.tensor, 0.0)
-            if done > now:
-                heapq.heappush(pending, (done, freed))
-            else:
-                level -= freed
+            if off_done:
+                done = off_done.get(op.tensor, 0.0)
+                if done > now:
+                    heapq.heappush(pending, (done, freed))
+                    continue
+            level -= freed
         elif act == TO_HOST:
             d2h = max(d2h, now) + size[op.tensor] * d2h_ms
             off_done[op.tensor] = d2h
@@ -127,3 +131,13 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
             done = in_done.pop(t, None)
             now = max(now, off_done.get(t, 0.0) if done is None else done)
     return max(now, d2h, h2d)
+
+
+def _step_ms_tables(graph: Graph) -> tuple[list[float], list[float]]:
+    """Per layer, its forward and its backward step's time with the first
+    algorithm (``graph.step_ms(step)``), once per graph."""
+    got = _STEP_MS.get(graph)
+    if got is None:
+        got = _STEP_MS[graph] = ([layer.fwd_ms for layer in graph.layers],
+                                 [layer.bwd_ms for layer in graph.layers])
+    return got

@@ -8,11 +8,12 @@ helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from itertools import chain, repeat
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
-from snsim.schedule.ops import Compute, Free, Op
+from snsim.trace.model import make_records
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 # per graph, the route's use positions and liveness ops: every policy of an
 # ``all`` run (and every probe of a budget search) asks for the same ones
@@ -20,6 +21,61 @@ _ROUTE_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_LIVENESS: WeakKeyDictionary = WeakKeyDictionary()
 _COPY_USES: WeakKeyDictionary = WeakKeyDictionary()
 _ROUTE_FREES: WeakKeyDictionary = WeakKeyDictionary()
+_OP_TABLES: WeakKeyDictionary = WeakKeyDictionary()
+
+
+class OpTable(dict):
+    """Key -> its op, made on first lookup (``table[key]``) and shared after.
+
+    Ops are immutable values: a plan that frees ``X5`` twice, or two candidate
+    plans of one policy, can hold the same ``Free(("X", 5))``.  Making a frozen
+    op costs ten times a lookup, and a deep trace's plan has ~10^5 of them.
+    """
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        op = self[key] = self.make(key)
+        return op
+
+
+class OpTables:
+    """Per graph, one :class:`OpTable` per op kind: ``compute`` (by step, the
+    first algorithm), ``free``, ``wait``, ``prefetch``, ``offload`` (by tensor)."""
+
+    def __init__(self):
+        self.compute = OpTable(lambda step: Compute(step[0], step[1]))
+        self.free = OpTable(Free)
+        self.wait = OpTable(Wait)
+        self.prefetch = OpTable(Prefetch)
+        self.offload = OpTable(Offload)
+
+    def computes(self, seq: list[Step]) -> list[Compute]:
+        """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
+        missing ones made in one pass (:func:`~snsim.trace.model.make_records`)."""
+        table = self.compute
+        new = list(set(seq).difference(table))
+        if new:
+            phases, layers = zip(*new)
+            table.update(zip(new, make_records(Compute, phases, layers, repeat(0, len(new)))))
+        return list(map(table.__getitem__, seq))
+
+    def add_frees(self, tensors) -> None:
+        """Make the ``Free`` ops of ``tensors`` that are not in the table yet."""
+        table = self.free
+        new = list(set(tensors).difference(table))
+        if new:
+            table.update(zip(new, make_records(Free, new)))
+
+
+def op_tables(graph: Graph) -> OpTables:
+    """The graph's shared op tables (:class:`OpTables`), made once per graph."""
+    got = _OP_TABLES.get(graph)
+    if got is None:
+        got = _OP_TABLES[graph] = OpTables()
+    return got
 
 
 def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> list[Step]:
@@ -93,18 +149,30 @@ def use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor
 
 def _use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tensor]]]:
     # a tensor's last position so far is the last of its uses (one dict, not two;
-    # its keys come in the order a separate ``last`` dict's would)
+    # its keys come in the order a separate ``last`` dict's would); the steps'
+    # needs and allocs looked up in C ahead of the loop
     needs, allocs = graph.needs_map, graph.allocs_map
-    uses: dict[Tensor, list[int]] = defaultdict(list)
+    uses: dict[Tensor, list[int]] = {}
+    get = uses.get
     frees: list[list[Tensor]] = [[] for _ in seq]
-    for p, step in enumerate(seq):
-        for t in needs[step]:
-            uses[t].append(p)
-        for t in allocs[step]:
-            u = uses[t]
-            if u and u[-1] != p:
-                frees[u[-1]].append(t)
-            u.append(p)
+    p = 0
+    for nd, al in zip(map(needs.__getitem__, seq), map(allocs.__getitem__, seq)):
+        for t in nd:
+            u = get(t)
+            if u is None:
+                uses[t] = [p]
+            else:
+                u.append(p)
+        for t in al:
+            u = get(t)
+            if u is None:
+                uses[t] = [p]
+            else:
+                q = u[-1]
+                if q != p:
+                    frees[q].append(t)
+                u.append(p)
+        p += 1
     holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
     if holds:
         for t, u in uses.items():
@@ -133,14 +201,16 @@ def _frees(graph: Graph, seq: list[Step]) -> list[list[Tensor]]:
     last: dict[Tensor, int] = {}
     frees: list[list[Tensor]] = [[] for _ in seq]
     get = last.get
-    for p, step in enumerate(seq):
-        for t in needs[step]:
+    p = 0
+    for nd, al in zip(map(needs.__getitem__, seq), map(allocs.__getitem__, seq)):
+        for t in nd:
             last[t] = p
-        for t in allocs[step]:
+        for t in al:
             q = get(t)
             if q is not None and q != p:
                 frees[q].append(t)
             last[t] = p
+        p += 1
     holds = graph.holds if seq is graph.route else {}   # route indices (op-log traces)
     if holds:
         for t, q in last.items():
@@ -166,10 +236,13 @@ def _route_frees(graph: Graph) -> list[list[Tensor]]:
 
 def _liveness_seq(graph: Graph, seq: list[Step]) -> list[Op]:
     frees = _route_frees(graph) if seq is graph.route else _frees(graph, seq)
+    tables = op_tables(graph)   # the ops made in C (make_records), shared with other plans
+    tables.add_frees(chain.from_iterable(frees))
+    free = tables.free.__getitem__
     ops: list[Op] = []
     append, extend = ops.append, ops.extend
-    for p, (phase, i) in enumerate(seq):
-        append(Compute(phase, i))
-        if frees[p]:
-            extend(map(Free, frees[p]))
+    for compute, fp in zip(tables.computes(seq), frees):
+        append(compute)
+        if fp:
+            extend(map(free, fp))
     return ops

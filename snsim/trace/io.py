@@ -16,7 +16,8 @@ from __future__ import annotations
 import gc
 import json
 import math
-from importlib import resources
+from itertools import chain, compress, filterfalse, repeat
+from operator import itemgetter, lt, not_
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +25,27 @@ from snsim.errors import TraceError
 from snsim.fileio import write_json
 from snsim.trace.fastcheck import Unsupported, compile_schema
 from snsim.training import parse as parse_training
-from snsim.trace.model import DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace
+from snsim.trace.model import (DEFAULT_DEVICE, SCHEMA, Device, Layer, Trace, Workspace,
+                               make_records)
 
 _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_bytes", "fwd_ms",
                "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace", "grad_bytes"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
+# the optional layer fields only some checks of _semantic_check and _oplog_check read
+_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "param_shares", "inplace_alias",
+                        "output_sizes", "input_results", "alias_of", "output_released_after",
+                        "released_after"})
+_ID, _INPUTS = itemgetter("id"), itemgetter("inputs")
+_FWD_MS, _BWD_MS = itemgetter("fwd_ms"), itemgetter("bwd_ms")
 _validator = None
 _fast = None
 
 
 def schema() -> dict[str, Any]:
     """The published JSON Schema of ``snsim.trace/1``."""
-    text = resources.files("snsim.trace").joinpath("trace.schema.json").read_text("utf-8")
+    # beside this module (package data); read as a plain file: importlib.resources
+    # would import its readers (zipfile among them) on every command's path
+    text = Path(__file__).with_name("trace.schema.json").read_text("utf-8")
     return json.loads(text)
 
 
@@ -96,8 +106,52 @@ def _schema_check(doc: Any, label: str) -> None:
     raise TraceError(f"{label}: {_where(doc, path)}: {err.message}")
 
 
+def _semantic_ok(layers: list) -> bool:
+    """True only if no layer of a schema-valid ``layers`` breaks a rule of
+    :func:`_semantic_check`: its per-layer rules, checked column-wise in C for
+    a trace whose layers have none of the rare fields (a false answer only
+    sends the document to the loop, which finds and words the first error)."""
+    n = len(layers)
+    try:
+        if not all(map(_RARE_KEYS.isdisjoint, layers)):
+            return False
+        if list(map(_ID, layers)) != list(range(n)):   # ids unique, equal to their index
+            return False
+        ins = list(map(_INPUTS, layers))
+        owners = chain.from_iterable(map(repeat, range(n), map(len, ins)))
+        if not all(map(lt, chain.from_iterable(ins), owners)):   # earlier layers only
+            return False
+        if not (all(map(math.isfinite, map(_FWD_MS, layers)))
+                and all(map(math.isfinite, map(_BWD_MS, layers)))):
+            return False
+        wss = list(chain.from_iterable(raw.get("workspace", ()) for raw in layers))
+        if not (all(map(math.isfinite, map(_FWD_MS, wss)))
+                and all(map(math.isfinite, map(_BWD_MS, wss)))):
+            return False
+        # only data layers have no inputs (the first layer is checked on its own)
+        no_inputs = compress(range(1, n), map(not_, ins[1:]))
+        return all(layers[i]["kind"] == "data" for i in no_inputs)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
 def _semantic_check(doc: dict[str, Any], label: str) -> None:
     layers = doc["layers"]
+    if not _semantic_ok(layers):
+        _semantic_loop(layers, label)
+    if layers[0]["inputs"]:
+        raise TraceError(f"{label}: layer 0 ({layers[0]['name']}), field inputs: "
+                         "the first layer cannot have inputs")
+    dev = doc.get("device")
+    if dev is not None:
+        for key in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
+            if not math.isfinite(dev[key]):
+                raise TraceError(f"{label}: field device.{key}: bandwidth must be finite")
+
+
+def _semantic_loop(layers: list, label: str) -> None:
+    """The per-layer rules of :func:`_semantic_check`, layer by layer: the first
+    layer that breaks one raises, in words."""
     seen: set[int] = set()
     for idx, raw in enumerate(layers):
         lid = raw["id"]
@@ -121,6 +175,12 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
             for key in ("fwd_ms", "bwd_ms"):
                 if not math.isfinite(ws[key]):
                     raise TraceError(f"{where}, field workspace.{k}.{key}: time must be finite")
+        if raw.keys().isdisjoint(_RARE_KEYS):
+            # none of the fields the checks below read (most layers of most traces)
+            if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
+                raise TraceError(f"{where}, field inputs: only data layers may have no "
+                                 "inputs")
+            continue
         if raw.get("grad_bytes", 0) > raw["output_bytes"]:
             raise TraceError(f"{where}, field grad_bytes: {raw['grad_bytes']} is more than "
                              f"output_bytes {raw['output_bytes']} (a gradient is at most the "
@@ -146,14 +206,6 @@ def _semantic_check(doc: dict[str, Any], label: str) -> None:
         _oplog_check(raw, idx, layers, where)
         if idx > 0 and raw["kind"] != "data" and not raw["inputs"]:
             raise TraceError(f"{where}, field inputs: only data layers may have no inputs")
-    if layers[0]["inputs"]:
-        raise TraceError(f"{label}: layer 0 ({layers[0]['name']}), field inputs: "
-                         "the first layer cannot have inputs")
-    dev = doc.get("device")
-    if dev is not None:
-        for key in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
-            if not math.isfinite(dev[key]):
-                raise TraceError(f"{label}: field device.{key}: bandwidth must be finite")
 
 
 def _oplog_check(raw: dict[str, Any], idx: int, layers: list, where: str) -> None:
@@ -183,7 +235,8 @@ def _oplog_check(raw: dict[str, Any], idx: int, layers: list, where: str) -> Non
 _READS: dict[tuple, frozenset[str]] = {}   # bwd_reads lists -> one shared frozenset each
 
 
-def _layer(raw: dict[str, Any]) -> Layer:
+def _layer_fields(raw: dict[str, Any]) -> tuple:
+    """The fields of the layer ``raw`` describes, in :class:`Layer`'s order."""
     # the fields by position, in Layer's and Workspace's order (~10^4 layers on a
     # deep trace: keyword calls cost a tenth of the load)
     wss = raw.get("workspace")
@@ -195,13 +248,22 @@ def _layer(raw: dict[str, Any]) -> Layer:
     fs = _READS.get(reads)
     if fs is None:
         fs = _READS[reads] = frozenset(reads)
-    extra = {} if raw.keys() <= _LAYER_KEYS else \
-        {k: v for k, v in raw.items() if k not in _LAYER_KEYS}
+    # the keys Layer does not name, in the document's order, picked in C
+    more = list(filterfalse(_LAYER_KEYS.__contains__, raw))
+    extra = dict(zip(more, map(raw.__getitem__, more))) if more else {}
     grad = raw.get("grad_bytes")
-    return Layer(raw["id"], raw["name"], raw["kind"], tuple(raw["inputs"]),
-                 int(raw["output_bytes"]), int(raw["param_bytes"]), float(raw["fwd_ms"]),
-                 float(raw["bwd_ms"]), fs, int(raw.get("saved_extra_bytes", 0)), ws,
-                 None if grad is None else int(grad), extra)
+    return (raw["id"], raw["name"], raw["kind"], tuple(raw["inputs"]),
+            int(raw["output_bytes"]), int(raw["param_bytes"]), float(raw["fwd_ms"]),
+            float(raw["bwd_ms"]), fs, int(raw.get("saved_extra_bytes", 0)), ws,
+            None if grad is None else int(grad), extra)
+
+
+def _layers(raws: list) -> tuple[Layer, ...]:
+    """The layers of a checked document, made in C from their fields' columns
+    (:func:`~snsim.trace.model.make_records`)."""
+    if not raws:
+        return ()
+    return tuple(make_records(Layer, *zip(*map(_layer_fields, raws))))
 
 
 def from_dict(doc: Any, label: str = "<trace>") -> Trace:
@@ -226,7 +288,7 @@ def _from_dict(doc: Any, label: str) -> Trace:
         name=str(dev.get("name", "unnamed")), memory_bytes=int(dev["memory_bytes"]),
         h2d_Bps=float(dev["h2d_bytes_per_s"]), d2h_Bps=float(dev["d2h_bytes_per_s"]))
     return Trace(model=doc["model"], batch=int(doc["batch"]),
-                 layers=tuple(_layer(r) for r in doc["layers"]), device=device,
+                 layers=_layers(doc["layers"]), device=device,
                  dtype=doc.get("dtype", "float32"),
                  input_shape=tuple(doc.get("input_shape", ())),
                  source=dict(doc.get("source", {})),

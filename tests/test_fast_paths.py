@@ -1,0 +1,136 @@
+"""The simulate path's shortcuts give what the plain code gives (issue 13).
+
+Each shortcut has a plain form beside it: records made in C against their
+constructor, the column-wise semantic check against the layer-by-layer loop
+(on randomly broken documents), the per-graph op tables against fresh ops, the
+lower bound's table form against ``least_step_bytes``, and the CLI's parser for
+one command against the whole parser.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from snsim.errors import TraceError
+from snsim.graph import Graph
+from snsim.policies import sequences
+from snsim.schedule.ops import Compute, Free
+from snsim.trace import io, load
+from snsim.trace.model import Layer, Workspace, make_records
+
+ROOT = Path(__file__).resolve().parent.parent
+R50 = ROOT / "traces" / "k40c_resnet50_b32.json"
+
+
+def test_make_records_equals_the_constructor():
+    rows = [(1, "a", "conv", (0,), 8, 4, 0.5, 1.0, frozenset({"inputs"}), 0,
+             (Workspace("x", 0, 0.5, 1.0),), None, {"k": 1}),
+            (2, "b", "act", (1,), 8, 0, 0.1, 0.2, frozenset(), 4, (), 3, {})]
+    made = make_records(Layer, *zip(*rows))
+    assert made == [Layer(*row) for row in rows]
+    assert [m.extra for m in made] == [{"k": 1}, {}]   # extra is not compared by ==
+    assert make_records(Compute, ["F", "B"], [3, 2], [0, 1]) == [Compute("F", 3),
+                                                                  Compute("B", 2, 1)]
+    assert hash(make_records(Free, [("X", 1)])[0]) == hash(Free(("X", 1)))
+    with pytest.raises(ValueError, match="fields"):
+        make_records(Compute, ["F"], [1])
+
+
+def test_layers_equal_a_layer_by_layer_build():
+    doc = json.loads(R50.read_text())
+    plain = []
+    for raw in doc["layers"]:
+        ws = tuple(Workspace(w["algo"], int(w["bytes"]), float(w["fwd_ms"]),
+                             float(w["bwd_ms"]), w.get("bwd_bytes"), w.get("bwd_released"))
+                   for w in raw.get("workspace", ()))
+        extra = {k: v for k, v in raw.items() if k not in io._LAYER_KEYS}
+        plain.append(Layer(raw["id"], raw["name"], raw["kind"], tuple(raw["inputs"]),
+                           raw["output_bytes"], raw["param_bytes"], raw["fwd_ms"],
+                           raw["bwd_ms"], frozenset(raw["bwd_reads"]),
+                           raw.get("saved_extra_bytes", 0), ws, raw.get("grad_bytes"),
+                           extra))
+    got = load(R50).layers
+    assert list(got) == plain
+    assert [list(g.extra.items()) for g in got] == [list(p.extra.items()) for p in plain]
+
+
+def _broken(doc: dict, rng: random.Random) -> dict:
+    doc = copy.deepcopy(doc)
+    layers = doc["layers"]
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(layers))
+        raw = layers[i]
+        kind = rng.randrange(8)
+        if kind == 0:
+            raw["id"] = rng.choice([i + 1, i - 1, 0, float(i)])
+        elif kind == 1:
+            raw["inputs"] = [rng.randrange(len(layers) + 3)]
+        elif kind == 2:
+            raw["inputs"] = []
+        elif kind == 3:
+            raw["fwd_ms"] = rng.choice([float("inf"), float("nan"), 3.0])
+        elif kind == 4:
+            raw["kind"] = "data"
+        elif kind == 5:
+            raw["grad_bytes"] = raw["output_bytes"] + rng.choice([0, 1])
+        elif kind == 6 and raw.get("workspace"):
+            raw["workspace"][0]["bwd_ms"] = float("inf")
+        else:
+            raw["inputs"] = raw["inputs"] + [i]
+    return doc
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_column_check_never_passes_what_the_loop_refuses(seed):
+    doc = json.loads(R50.read_text())
+    rng = random.Random(seed)
+    for _ in range(60):
+        bad = _broken(doc, rng)
+        try:
+            io._semantic_loop(bad["layers"], "t")
+            loop_ok = True
+        except TraceError:
+            loop_ok = False
+        if io._semantic_ok(bad["layers"]):
+            assert loop_ok
+        if loop_ok and io._RARE_KEYS.isdisjoint(set().union(*bad["layers"])):
+            assert io._semantic_ok(bad["layers"])   # the shortcut is taken where it can be
+
+
+def test_op_tables_give_the_ops_made_fresh():
+    g = Graph(load(R50))
+    tables = sequences.op_tables(g)
+    seq = list(g.route) + [("R", 3)]
+    assert tables.computes(seq) == [Compute(*s) for s in seq]
+    tables.add_frees(g.sizes)
+    assert all(tables.free[t] == Free(t) for t in g.sizes)
+    assert tables.wait[("X", 1)].tensor == ("X", 1)   # made on first lookup
+
+
+@pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "cpu_gpt_small_b4.json",
+                                  "k40c_inception_v4_b16.json"])
+def test_lower_bound_equals_the_least_step_bytes_form(name):
+    g = Graph(load(ROOT / "traces" / name))
+    born = best = 0
+    for s in g.route:
+        born += g.param_grad_bytes(s)
+        best = max(best, g.least_step_bytes(s) + born)
+    if g.optimizer_step:
+        best = max(best, born + g.least_step_bytes(g.optimizer_step))
+    assert g.lower_bound_bytes == g.trace.static_bytes + best
+
+
+def test_one_command_parser_parses_as_the_whole_one():
+    from snsim.cli import CORE_COMMANDS, build_parser
+
+    line = ["simulate", str(R50), "--policy", "liveness", "--json", "--budget", "1.5xlb"]
+    assert vars(build_parser("simulate").parse_args(line)) == \
+        vars(build_parser().parse_args(line))
+    sub = build_parser("info")._subparsers._group_actions[0]
+    assert set(sub.choices) == set(CORE_COMMANDS)   # the others' modules not imported
+    assert {"profile", "import"} <= set(build_parser()._subparsers._group_actions[0].choices)
