@@ -90,7 +90,6 @@ to the end of the route (the input is read from the host, never recomputed).
 
 from __future__ import annotations
 
-import gc
 import math
 from typing import Callable
 
@@ -104,7 +103,7 @@ from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.dtr_choose import Chooser
 from snsim.policies.dtr_pool import Pool, StorageNodes
-from snsim.schedule.ops import Compute, Free, Op, Schedule
+from snsim.schedule.ops import Op, Schedule
 
 # simrd's overhead limit: recomputation may add at most (THRASH - 1) x compute
 THRASH = 2.0
@@ -215,7 +214,7 @@ class Planner(Chooser):
         self.rescore = RESCORE
         self.keep_bounds = False   # inside make_room: the pool keeps the last bounds
         self.step_info: dict[Step, tuple] = {}   # step -> allocs, bytes, ms, its op
-        self.free_ops: dict[Tensor, Free] = {}
+        self.op_tables = sequences.op_tables(graph)   # ops shared per graph
         self.with_extras = frozenset(j for j in range(1, graph.n)
                                      if graph.layers[j].saved_extra_bytes
                                      and j not in graph.multi_result)
@@ -443,10 +442,7 @@ class Planner(Chooser):
         res = self.resident
         self.stamps[t] = res.pop(t)
         self.level -= self.sizes[t]
-        op = self.free_ops.get(t)
-        if op is None:
-            op = self.free_ops[t] = Free(t)
-        self.ops.append(op)
+        self.ops.append(self.op_tables.free[t])
         j = t[1]
         if self.last_use.get(t, -1) > self.pos:   # a later route step reads it: owed
             c = self.owed.get(j, 0)
@@ -542,7 +538,7 @@ class Planner(Chooser):
             g = self.g
             info = self.step_info[step] = (g.allocs(step), g.param_grad_bytes(step),
                                            g.workspace_bytes(step), g.step_ms(step),
-                                           Compute(*step))
+                                           self.op_tables.compute[step])
         allocs, born, ws, ms, op = info   # born: set-to-none grads, resident from here on
         res = self.resident
         if step[0] == "R":
@@ -608,21 +604,13 @@ def plan_dtr_ops(graph: Graph, capacity: int, heuristic: str = "dtr",
                          + ", ".join(HEURISTICS)) from None
     if not thrash_limit > 1.0:
         raise ValueError(f"thrash limit must be above 1.0, got {thrash_limit}")
-    # the planner makes ~10^5 objects that hold no reference cycles (ops, stamps,
-    # pool entries): no cyclic collection while it runs (2% of its instructions)
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        d = _run_route(graph, planner(graph, capacity, score, sample, chain,
-                                      thrash_limit=thrash_limit))
-        if d.remade_data:
-            # the input cannot be recomputed (it is read from the host): keep it
-            d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
-            d.keep_data = True
-            d = _run_route(graph, d)
-    finally:
-        if was:
-            gc.enable()
+    d = _run_route(graph, planner(graph, capacity, score, sample, chain,
+                                  thrash_limit=thrash_limit))
+    if d.remade_data:
+        # the input cannot be recomputed (it is read from the host): keep it to the end
+        d = planner(graph, capacity, score, sample, chain, thrash_limit=thrash_limit)
+        d.keep_data = True
+        d = _run_route(graph, d)
     stats = {"evictions": d.evictions, "remat_ms": round(d.remat_ms, 6)}
     return d.ops, stats, d.infeasible
 
