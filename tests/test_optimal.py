@@ -11,6 +11,7 @@ schedule op by op, and keeps the fastest the simulator finds feasible.
 from __future__ import annotations
 
 import itertools
+import sys
 import math
 
 import pytest
@@ -355,8 +356,6 @@ def test_infeasible_budget_is_an_outcome_with_a_reason():
 
 
 def test_missing_solver_is_one_line(monkeypatch):
-    import sys
-
     monkeypatch.setitem(sys.modules, "highspy", None)
     with pytest.raises(PolicyError, match="pip install 'snsim\\[optimal\\]'"):
         plan("optimal", PlanContext(Graph(chain4()), 700))
@@ -380,6 +379,23 @@ def test_cli_time_limit(tmp_path, capsys):
         main(["simulate", str(path), "--policy", "optimal", "--time-limit", "-1"])
     assert e.value.code == 2
     assert "positive number of seconds" in capsys.readouterr().err
+
+
+def test_cli_json_is_only_json_in_a_fresh_process(tmp_path):
+    """HiGHS prints a banner to fd 1 when a process makes its first solver: under
+    ``--json`` stdout must still be exactly one JSON object (a pipe into jq)."""
+    import json
+    import subprocess
+
+    from snsim.trace import save
+
+    path = tmp_path / "chain4.json"
+    save(chain4(), str(path))
+    out = subprocess.run([sys.executable, "-m", "snsim.cli", "simulate", str(path), "--policy",
+                          "optimal", "--budget", "620", "--time-limit", "5", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "HiGHS" not in out
+    assert json.loads(out)["policy"] == "optimal"
 
 
 # ------------------------------------------------------ found on the way (issue 15)

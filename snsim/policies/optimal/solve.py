@@ -30,6 +30,36 @@ def highs():
     return highspy
 
 
+_BANNER_SHOWN = False
+
+
+def quiet_highs(hp):
+    """A ``Highs`` object, made without the banner HiGHS prints to the process's
+    standard output (C level, fd 1) when the first one is made: ``--json``
+    prints exactly one JSON object.  Later ones print nothing once their
+    ``output_flag`` is off."""
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        return hp.Highs()
+    import os
+    import sys
+
+    _BANNER_SHOWN = True
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):   # no fd 1 to point elsewhere: the banner shows
+        return hp.Highs()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        return hp.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None = None,
           start: tuple[list[int], list[float]] | None = None,
           starts: list[tuple[list[int], list[float]]] = (), first: bool = False) -> Solution:
@@ -42,7 +72,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     completes is one: status ``feasible``, without a search)."""
     entry = time.perf_counter()   # the limit covers handing the model over too
     hp = highs()
-    h = hp.Highs()
+    h = quiet_highs(hp)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("threads", int(threads))
