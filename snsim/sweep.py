@@ -32,6 +32,10 @@ from typing import Any, Callable, Iterable, Sequence
 from snsim.errors import SnsimError
 
 FORMAT = "snsim.sweep-point/1"
+# policy statistics a row carries as columns where the policy reports them (the
+# reference policy ``optimal``: DESIGN 6a); other statistics stay out of the table
+SOLVER_KEYS = ("status", "source", "optimality_gap", "schedule_gap", "bound_ms",
+               "schedule_bound_ms", "compute_bound_ms", "solve_s")
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,14 @@ class Point:
     budget_bytes: int | None = None    # None: the device's memory (unless budget_factor)
     budget_factor: float | None = None  # budget = factor x the trace's lower bound
     link_Bps: float | None = None      # host link bandwidth, both directions (what-if)
+    # planner options as sorted (name, value) pairs (``optimal``'s ``time_limit``)
+    options: tuple[tuple[str, Any], ...] = ()
 
     def config(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["trace"]["stages"] = list(self.trace.stages) if self.trace.stages else None
         del d["trace"]["copy_path"]
+        d["options"] = dict(self.options)
         return d
 
 
@@ -157,7 +164,10 @@ def evaluate_point(point: Point) -> dict[str, Any]:
            "budget_factor": point.budget_factor, "link_Bps": point.link_Bps,
            "layers": graph.n}
     try:
-        row.update(evaluate(graph, point.policy, budget).row())
+        e = evaluate(graph, point.policy, budget, options=dict(point.options) or None)
+        row.update(e.row())
+        # a reference policy's solver figures (``optimal``): its status, gaps and bounds
+        row.update({k: e.schedule.stats[k] for k in SOLVER_KEYS if k in e.schedule.stats})
     except SnsimError as exc:  # the policy refuses this trace: a result with its reason
         row.update({"policy": point.policy, "budget_bytes": budget, "feasible": False,
                     "reason": str(exc), "model": graph.trace.model,

@@ -3,35 +3,41 @@ and bad input refused in one line before any work."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pandas as pd
 import pytest
 
 from snsim.cli import main
-from snsim.experiments import EXPERIMENTS, names
+from snsim.experiments import EXPERIMENTS, names, paper_names
 
 PAPER = ["peak-memory", "memory-timeline", "max-depth", "max-batch", "throughput", "overlap",
          "link-whatif", "fidelity", "budget-sweep"]
+REFERENCE = ["optimality-gap"]   # not in `all`: needs highspy (snsim[optimal])
+HAVE_HIGHS = importlib.util.find_spec("highspy") is not None
 
 
 def test_list(capsys):
     assert main(["experiment", "--list"]) == 0
     out = capsys.readouterr()[0].splitlines()
-    assert [line.split()[0] for line in out] == names() == PAPER
+    assert [line.split()[0] for line in out] == names() == PAPER + REFERENCE
+    assert paper_names() == PAPER
 
 
 @pytest.fixture(scope="module")
 def quick_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
-    for name in names():  # in this process; they share the points' cache
-        assert main(["experiment", name, "--quick", "--out", str(out), "--workers", "1",
-                     "--no-progress"]) == 0
+    for name in PAPER + (REFERENCE if HAVE_HIGHS else []):  # in this process; they share
+        assert main(["experiment", name, "--quick", "--out", str(out),   # the points' cache
+                     "--workers", "1", "--no-progress"]) == 0
     return out
 
 
-@pytest.mark.parametrize("name", PAPER)
+@pytest.mark.parametrize("name", PAPER + REFERENCE)
 def test_quick_run_writes_csv_png_pdf_config(quick_out, name):
+    if name in REFERENCE and not HAVE_HIGHS:
+        pytest.skip("needs highspy")
     t = pd.read_csv(quick_out / f"{name}.csv")
     assert len(t) > 0
     assert (quick_out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
@@ -123,3 +129,31 @@ def test_parquet_copy(tmp_path, capsys):
     csv = pd.read_csv(tmp_path / "overlap.csv")
     pq = pd.read_parquet(tmp_path / "overlap.parquet")
     assert list(pq.columns) == list(csv.columns) and len(pq) == len(csv)
+
+
+@pytest.mark.skipif(not HAVE_HIGHS, reason="needs highspy")
+def test_quick_optimality_gap_puts_every_heuristic_at_or_above_the_optimum(quick_out):
+    """``optimal`` returns the best heuristic's plan when that is faster, so no
+    heuristic runs faster than its row; its time is at or above both bounds."""
+    t = pd.read_csv(quick_out / "optimality-gap.csv")
+    assert set(t.policy) == {"optimal", "superneurons", "dtr", "utp", "cost-aware", "sqrt-n",
+                             "vdnn-all"}
+    opt = t[t.policy == "optimal"]
+    assert opt.feasible.all() and len(opt) == 2 * 3   # two traces, three budgets
+    assert (opt.over_optimal == 1.0).all()
+    assert (opt.iteration_ms >= opt.bound_ms * (1 - 1e-9)).all()
+    assert (opt.bound_ms >= opt.schedule_bound_ms * (1 - 1e-9)).all()
+    assert (opt.schedule_bound_ms >= opt.compute_ms * (1 - 1e-9)).all()
+    h = t[(t.policy != "optimal") & t.feasible]
+    assert len(h) and (h.over_optimal >= 1 - 1e-9).all()
+    assert (t[~t.feasible].over_optimal.isna()).all()
+
+
+def test_optimality_gap_without_the_solver_is_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "highspy", None)
+    assert main(["experiment", "optimality-gap", "--quick", "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "snsim[optimal]" in err
+    assert not any(tmp_path.iterdir())

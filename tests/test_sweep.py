@@ -60,6 +60,9 @@ def test_key_follows_the_trace_content(tmp_path):
     trace_sha256.cache_clear()
     assert point_key(p) != k1
     assert point_key(Point(R50, "liveness")) != point_key(Point(R50, "none"))
+    # planner options (optimal's time limit) are part of the point
+    o = [point_key(Point(R50, "optimal", options=(("time_limit", s),))) for s in (5.0, 60.0)]
+    assert o[0] != o[1] != point_key(Point(R50, "optimal"))
 
 
 def test_key_follows_the_code_version(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ class Entry:
     name: str
     module: str     # snsim.experiments.<module> defines run_<name with _ for ->
     summary: str
+    paper: bool = True   # one of the paper's figures: run by ``snsim experiment all``
 
     def load(self):
         mod = importlib.import_module(f"snsim.experiments.{self.module}")
@@ -36,8 +37,16 @@ EXPERIMENTS = {e.name: e for e in (
           "report"),
     Entry("budget-sweep", "memory", "time over compute against budget over lower bound, "
           "every policy, each network"),
+    Entry("optimality-gap", "optimality", "each heuristic's time over the optimum's (MILP, "
+          "HiGHS) with its proven gap, every shipped K40c trace, 1.05x-3x the lower bound "
+          "(not in 'all': needs snsim[optimal], about an hour)", paper=False),
 )}
 
 
 def names() -> list[str]:
     return list(EXPERIMENTS)
+
+
+def paper_names() -> list[str]:
+    """What ``snsim experiment all`` runs: the paper's figures."""
+    return [e.name for e in EXPERIMENTS.values() if e.paper]

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run a paper-style experiment: a tidy CSV, a PNG, a PDF and the "
                           "resolved configuration in --out.")
     parser.add_argument("name", nargs="?", help="experiment name (see --list), or 'all' "
-                        "(every experiment, one after another in this process)")
+                        "(the paper's figures, one after another in this process)")
     parser.add_argument("--list", action="store_true", help="list the experiments")
     parser.add_argument("--out", default="experiments-out", metavar="DIR",
                         help="output folder, created if missing (default: %(default)s)")
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from snsim.experiments import EXPERIMENTS, names
+    from snsim.experiments import EXPERIMENTS, names, paper_names
     from snsim.experiments.base import Options, save
 
     if args.list:
@@ -65,7 +65,7 @@ def run(args) -> int:
     opts = Options(out, args.quick, args.workers, args.scheduler,
                    not args.no_progress and sys.stderr.isatty(), parquet=args.parquet)
     start = time.perf_counter()
-    for name in names() if args.name == "all" else [args.name]:
+    for name in paper_names() if args.name == "all" else [args.name]:
         t0 = time.perf_counter()
         outcome = EXPERIMENTS[name].load()(opts)
         paths = save(name, outcome, opts)
