@@ -89,26 +89,17 @@ def run_budget_sweep(opts: Options) -> Outcome:
 
 
 def _draw_budget(t, plt):
+    from snsim.plots.panels import budget_axes, finish, panels
     from snsim.plots.style import color, marker
 
     nets = list(dict.fromkeys(t.network))
-    cols = min(4, len(nets))
-    rows = (len(nets) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(max(3.6 * cols + 2, 9), 3.2 * rows),
-                             squeeze=False)
-    for ax, net in zip(axes.flat, nets):
+    fig, axes = panels(plt, len(nets))
+    for ax, net in zip(axes, nets):
         sub = t[t.network == net]
         for p, s in sub.groupby("policy", sort=False):
             ok = s[s.feasible]
             ax.plot(ok.budget_factor, ok.time_over_compute, color=color(p), marker=marker(p),
                     ms=4, lw=1, label=p)
-        ax.set_title(net, fontsize=9)
-        ax.set_xlabel("budget / lower bound", fontsize=8)
-        ax.set_ylabel("iteration / compute time", fontsize=8)
-    for ax in list(axes.flat)[len(nets):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7)
-    fig.suptitle("Time against budget: where each policy becomes feasible, how fast it is")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
-    return fig
+        budget_axes(ax, net)
+    return finish(fig, axes, len(nets),
+                  "Time against budget: where each policy becomes feasible, how fast it is")

@@ -23,6 +23,7 @@ QUICK_TRACES = ("k40c_alexnet_b128", "k40c_vgg16_b16")
 TIME_LIMIT_S = 60.0
 QUICK_TIME_LIMIT_S = 20.0
 TRACES = Path("traces")
+LEGEND_IN = 3.2   # the figure's legend names the bounds: wider than the policies'
 
 
 def trace_dir() -> Path:
@@ -93,14 +94,12 @@ def summary(t) -> str:
 
 
 def _draw(t, plt):
+    from snsim.plots.panels import budget_axes, finish, panels
     from snsim.plots.style import color, marker
 
     traces = list(dict.fromkeys(t.network))
-    cols = min(4, len(traces))
-    rows = (len(traces) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 3.4, 3.2 * rows + 0.6),
-                             squeeze=False)
-    for ax, name in zip(axes.flat, traces):
+    fig, axes = panels(plt, len(traces), legend_in=LEGEND_IN)
+    for ax, name in zip(axes, traces):
         sub = t[t.network == name]
         opt = sub[(sub.policy == "optimal") & sub.feasible].sort_values("budget_factor")
         every = opt.schedule_bound_ms / opt.compute_ms
@@ -120,13 +119,7 @@ def _draw(t, plt):
         ticks = sorted(set(sub.budget_factor))
         ax.set_xticks(ticks, [f"{f:g}" for f in ticks], fontsize=7)
         ax.minorticks_off()
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("budget / lower bound", fontsize=8)
-        ax.set_ylabel("iteration / compute time", fontsize=8)
-    for ax in list(axes.flat)[len(traces):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7)
-    fig.suptitle("Each heuristic against the optimum (MILP, HiGHS) and its proven bound")
-    fig.tight_layout(rect=(0, 0, 1 - 3.2 / (3.6 * cols + 3.4), 1))
-    return fig
+        budget_axes(ax, name)
+    return finish(fig, axes, len(traces),
+                  "Each heuristic against the optimum (MILP, HiGHS) and its proven bound",
+                  LEGEND_IN)
