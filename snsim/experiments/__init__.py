@@ -14,6 +14,17 @@ class Entry:
     module: str     # snsim.experiments.<module> defines run_<name with _ for ->
     summary: str
     paper: bool = True   # one of the paper's figures: run by ``snsim experiment all``
+    needs: tuple[tuple[str, str], ...] = ()   # (module, what installs it), checked first
+
+    def check(self) -> None:
+        """One line (:class:`SnsimError`) if a module the experiment needs is missing."""
+        import importlib.util
+
+        from snsim.errors import SnsimError
+
+        for module, extra in self.needs:
+            if importlib.util.find_spec(module) is None:
+                raise SnsimError(f"{self.name} needs {module}: pip install '{extra}'")
 
     def load(self):
         mod = importlib.import_module(f"snsim.experiments.{self.module}")
@@ -39,7 +50,8 @@ EXPERIMENTS = {e.name: e for e in (
           "every policy, each network"),
     Entry("optimality-gap", "optimality", "each heuristic's time over the optimum's (MILP, "
           "HiGHS) with its proven gap, every shipped K40c trace, 1.05x-3x the lower bound "
-          "(not in 'all': needs snsim[optimal], about an hour)", paper=False),
+          "(not in 'all': needs snsim[optimal], about an hour)", paper=False,
+          needs=(("highspy", "snsim[optimal]"),)),
 )}
 
 

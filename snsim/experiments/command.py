@@ -44,6 +44,8 @@ def run(args) -> int:
         raise SnsimError(f"unknown experiment {args.name!r}; choose from: " + ", ".join(names()))
     if args.workers < 1:
         raise SnsimError(f"--workers must be at least 1, got {args.workers}")
+    for name in paper_names() if args.name == "all" else [args.name]:
+        EXPERIMENTS[name].check()   # a missing extra: one line, before --out is made
     if args.scheduler is not None and not args.scheduler.startswith(("tcp://", "tls://")):
         raise SnsimError(f"--scheduler takes tcp://HOST:PORT, not {args.scheduler!r}")
     if args.parquet:

@@ -36,11 +36,6 @@ def trace_dir() -> Path:
 
 
 def run_optimality_gap(opts: Options) -> Outcome:
-    import importlib.util
-
-    if importlib.util.find_spec("highspy") is None:
-        raise SnsimError("optimality-gap needs the MILP solver highspy: "
-                         "pip install 'snsim[optimal]'")
     folder = trace_dir()
     paths = sorted(p for p in folder.glob("k40c_*.json") if "2500" not in p.stem)
     if opts.quick:
