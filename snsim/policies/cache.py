@@ -2,6 +2,13 @@
 
 A helper of the swapping policies, not a policy (the registry skips it).
 It builds on :mod:`snsim.policies.replay` and :mod:`snsim.policies.sequences`.
+
+Note 1 (what a step allocates anew).  Liveness frees each instance of a
+tensor after its last use before the step that makes it again
+(:func:`~snsim.policies.sequences.use_positions`), so when a step runs, of what
+it allocates exactly those it also needs are resident (made resident by its
+own needs): the rest are new, known before the walk with their bytes, without
+asking the cache's state per tensor.
 """
 
 from __future__ import annotations
@@ -182,10 +189,10 @@ class CachePlanner:
         prefer, lru_p, lru_o = self.prefer, self.lru_p, self.lru_o
         seq = self.seq
         # per position, looked up in C before the walk: what the step needs and
-        # allocates, its Compute op (the first algorithm), whether it has several
-        # workspace algorithms to choose from
+        # allocates anew (note 1), its Compute op (the first algorithm), whether it
+        # has several workspace algorithms to choose from
         needs_seq = list(map(g.needs_map.__getitem__, seq))
-        allocs_seq = list(map(g.allocs_map.__getitem__, seq))
+        fresh_seq, fresh_bytes = self._fresh(needs_seq)
         tables = op_tables(g)
         computes = tables.computes(seq)
         tables.add_frees(self.uses)   # every tensor the walk may free
@@ -193,17 +200,16 @@ class CachePlanner:
         layers = g.layers
         multi = [len(layer.workspace) > 1 for layer in layers] if self.dyn_ws else ()
         choose = [multi[i] for _, i in seq] if any(multi) else [False] * len(seq)
-        ws_need, born_seq = self.ws_need, self.born
-        boundary, frees = self.boundary, self.frees
-        if boundary is None:
-            boundary = [False] * len(seq)
+        ws_need, frees = self.ws_need, self.frees
+        window = self._windows()
+        host_heap = self.host_heap
         made_at = self.made_at
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
         cap = self.cap
         append = ops.append
         # every tensor's LRU list, set before the walk (prefer asked once per tensor);
-        # a tensor is in its list only while it is resident and evictable
+        # a tensor is in its list exactly while it is resident (its state _RES)
         ts = list(self.uses)
         if prefer is None:
             home.update(zip(ts, repeat(lru_p)))
@@ -212,23 +218,20 @@ class CachePlanner:
         RES, HOST = _RES, _HOST
         level = self.level   # kept here; self.level around the calls that read or move it
         hits = 0
-        for p, (step, needs, allocs, comp, algos, wsn, born, bnd, fp) in enumerate(zip(
-                seq, needs_seq, allocs_seq, computes, choose, ws_need, born_seq,
-                boundary, frees)):
-            self.pos = p
+        for p, (step, needs, new, nb, comp, algos, wsn, last, fp) in enumerate(zip(
+                seq, needs_seq, fresh_seq, fresh_bytes, computes, choose, ws_need,
+                window, frees)):
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
-                s = state[t]
-                if s == RES:
-                    d = home[t]
-                    if t in d:
-                        hits += 1
-                        d.move_to_end(t)
+                d = home[t]
+                if t in d:   # resident
+                    hits += 1
+                    d.move_to_end(t)
                     continue
-                if s == HOST:
+                if state[t] == HOST:
                     self.misses += 1
-                    self.level = level
-                    if not self._make_room(sz[t], needs + allocs, p):
+                    self.level, self.pos = level, p
+                    if not self._make_room(sz[t], needs + new, p):
                         self._fail(step, sz[t])
                     self._fetch(t)
                     level = self.level
@@ -236,24 +239,20 @@ class CachePlanner:
                     self.prefetched += 1
                 append(wait[t])
                 state[t] = RES
-                home[t][t] = None
+                d[t] = None
             # 2. room for what it allocates, with its smallest workspace
-            new = []
-            nb = born
-            for t in allocs:
-                if state.get(t) != RES:
-                    new.append(t)
-                    nb += sz[t]
             need = nb + wsn
             if level + need > cap:
-                self.level = level
-                if not self._make_room(need, needs + allocs, p):
+                self.level, self.pos = level, p
+                if not self._make_room(need, needs + new, p):
                     self._fail(step, need)
                 level = self.level
-            # 3. prefetch ahead, leaving room for this step
-            if bnd and self.host_heap:
-                self.level = level
-                self._prefetch_window(p, need, needs + allocs)
+            # 3. prefetch ahead (at a boundary: ``last`` ends its window), leaving
+            # room for this step; nothing to do unless an evicted tensor is needed
+            # within the window
+            if host_heap and host_heap[0][0] <= last:
+                self.level, self.pos = level, p
+                self._prefetch_window(p, last, need, needs + new)
                 level = self.level
             # 4. the step, with its workspace algorithm
             # (one workspace entry: its algorithm 0, whatever is free)
@@ -269,14 +268,14 @@ class CachePlanner:
                 state[t] = RES
                 home[t][t] = None
                 made_at[t] = k
-                if keep_made:
-                    made.append((k, t))
+            if keep_made:
+                made.extend(zip(repeat(k), new))
             # 5. liveness
             for t in fp:
                 if state.pop(t, None) == RES:
                     append(free[t])
                     level -= sz[t]
-                    home[t].pop(t, None)
+                    del home[t][t]
         self.level = level
         self.hits = hits
         if not self.sync:   # paper mode: copy out right after the step that made it
@@ -309,13 +308,40 @@ class CachePlanner:
                 small, small_b = k, b
         return small if best is None else best
 
-    def _prefetch_window(self, p: int, reserve: int, pinned) -> None:
-        if self.ahead > 0:
-            bpos = self.bpos
-            k = bisect_right(bpos, p) + self.ahead - 1
-            last = bpos[k] if k < len(bpos) else self.end
-        else:
-            last = p
+    def _windows(self) -> list[int]:
+        """Per position, the last position of its prefetch window: at a boundary,
+        the ``ahead``-th boundary after it (or the last position); elsewhere -1
+        (no window)."""
+        out = [-1] * len(self.seq)
+        bpos, ahead = self.bpos, self.ahead
+        if ahead <= 0:
+            for p in bpos:
+                out[p] = p
+            return out
+        ends = bpos[ahead:] + [self.end] * min(ahead, len(bpos))
+        for p, last in zip(bpos, ends):
+            out[p] = last
+        return out
+
+    def _fresh(self, needs_seq: list) -> tuple[list, list[int]]:
+        """Per position, what the step allocates anew (note 1), and its bytes plus
+        the parameter gradients it makes."""
+        g, seq = self.g, self.seq
+        allocs_seq = list(map(g.allocs_map.__getitem__, seq))
+        all_bytes = g.alloc_bytes_table
+        nbs = [all_bytes[ph][i] for ph, i in seq]
+        if any(map(bool, self.born)):
+            nbs = list(map(int.__add__, nbs, self.born))
+        size = self.sz.__getitem__
+        for p, (needs, allocs) in enumerate(zip(needs_seq, allocs_seq)):
+            if not needs or set(needs).isdisjoint(allocs):
+                continue
+            new = tuple(t for t in allocs if t not in needs)
+            allocs_seq[p] = new
+            nbs[p] -= sum(map(size, allocs)) - sum(map(size, new))
+        return allocs_seq, nbs
+
+    def _prefetch_window(self, p: int, last: int, reserve: int, pinned) -> None:
         heap, state = self.host_heap, self.state
         want, seen = [], set()
         while heap and heap[0][0] <= last:

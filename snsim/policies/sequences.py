@@ -41,16 +41,31 @@ class OpTable(dict):
         return op
 
 
+def tensor_op_maker(cls):
+    """``cls(tensor)`` for a frozen, slotted op class of one field (``tensor``),
+    its field set through the slot descriptor as :func:`make_records` does: the
+    same object without the generated ``__init__``'s frame (a plan with 10^4
+    evictions makes that many waits, prefetches and offloads one at a time)."""
+    new, set_tensor = object.__new__, cls.tensor.__set__
+
+    def make(tensor):
+        op = new(cls)
+        set_tensor(op, tensor)
+        return op
+
+    return make
+
+
 class OpTables:
     """Per graph, one :class:`OpTable` per op kind: ``compute`` (by step, the
     first algorithm), ``free``, ``wait``, ``prefetch``, ``offload`` (by tensor)."""
 
     def __init__(self):
         self.compute = OpTable(lambda step: Compute(step[0], step[1]))
-        self.free = OpTable(Free)
-        self.wait = OpTable(Wait)
-        self.prefetch = OpTable(Prefetch)
-        self.offload = OpTable(Offload)
+        self.free = OpTable(tensor_op_maker(Free))
+        self.wait = OpTable(tensor_op_maker(Wait))
+        self.prefetch = OpTable(tensor_op_maker(Prefetch))
+        self.offload = OpTable(tensor_op_maker(Offload))
 
     def computes(self, seq: list[Step]) -> list[Compute]:
         """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
