@@ -18,6 +18,7 @@ import math
 from bisect import bisect_right
 from collections import OrderedDict
 from itertools import compress, repeat
+from operator import add
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, Tensor
@@ -46,6 +47,28 @@ def _ws_table(graph: Graph, dyn_ws: bool) -> dict[str, list[int]]:
     return got
 
 
+_OVERLAP: WeakKeyDictionary = WeakKeyDictionary()   # graph -> _overlap
+
+
+def _overlap(graph: Graph) -> frozenset:
+    """The steps that allocate a tensor they also need (note 1), once per graph:
+    per phase, each layer's needs and allocs compared in C."""
+    got = _OVERLAP.get(graph)
+    if got is None:
+        out = []
+        for phase, (needs, allocs) in graph.step_tables.items():
+            if phase == "R":
+                continue   # its steps are F's: added with them
+            has = [i for i, a in enumerate(allocs) if a is not None]
+            apart = map(set.isdisjoint, map(set, map(needs.__getitem__, has)),
+                        map(allocs.__getitem__, has))
+            for i, disjoint in zip(has, apart):
+                if not disjoint:
+                    out.extend([("F", i), ("R", i)] if phase == "F" else [(phase, i)])
+        got = _OVERLAP[graph] = frozenset(out)
+    return got
+
+
 class CachePlanner:
     """Plan a step sequence with an LRU tensor cache under a memory budget.
 
@@ -65,7 +88,7 @@ class CachePlanner:
     runtime; with ``prefer``, every preferred tensor plus whatever else is
     evicted).  ``sync=True`` (release) copies out at eviction time and waits
     for it, and brings tensors back on demand only (no prefetch).
-    ``prefer`` (a predicate) makes eviction take the least recently used
+    ``prefer`` (a set of tensors) makes eviction take the least recently used
     preferred tensors first, and others only when those are not enough.
     ``dyn_ws`` picks, for each step with workspace choices, the fastest
     algorithm whose workspace fits the memory then free, else the smallest.
@@ -109,15 +132,15 @@ class CachePlanner:
         # per-layer tables (the graph's alloc_bytes_table, _ws_table)
         ws_tab, all_bytes = _ws_table(graph, dyn_ws), graph.alloc_bytes_table
         self.ws_need = [ws_tab[ph][i] for ph, i in seq]
+        self.alloc_bytes = [all_bytes[ph][i] for ph, i in seq]
+        self.step_need = list(map(add, self.alloc_bytes, self.ws_need))
         # parameter gradients a backward step makes (set-to-none): resident from
         # that step on, never evictable
         if graph.grads_born:
             self.born = [graph.param_grad_bytes(st) for st in seq]
-            self.step_need = [all_bytes[ph][i] + w + b
-                              for (ph, i), w, b in zip(seq, self.ws_need, self.born)]
+            self.step_need = list(map(add, self.step_need, self.born))
         else:
-            self.born = [0] * len(seq)
-            self.step_need = [all_bytes[ph][i] + w for (ph, i), w in zip(seq, self.ws_need)]
+            self.born = None
 
     # ---- memory
     def _next_use(self, t: Tensor, p: int) -> int:
@@ -195,7 +218,7 @@ class CachePlanner:
         fresh_seq, fresh_bytes = self._fresh(needs_seq)
         tables = op_tables(g)
         computes = tables.computes(seq)
-        tables.add_frees(self.uses)   # every tensor the walk may free
+        tables.add_all_frees(g)   # every tensor the walk may free
         wait, free = tables.wait, tables.free
         layers = g.layers
         multi = [len(layer.workspace) > 1 for layer in layers] if self.dyn_ws else ()
@@ -208,13 +231,12 @@ class CachePlanner:
         keep_made = self.offload_all
         cap = self.cap
         append = ops.append
-        # every tensor's LRU list, set before the walk (prefer asked once per tensor);
-        # a tensor is in its list exactly while it is resident (its state _RES)
-        ts = list(self.uses)
-        if prefer is None:
-            home.update(zip(ts, repeat(lru_p)))
-        else:
-            home.update(zip(ts, map((lru_o, lru_p).__getitem__, map(bool, map(prefer, ts)))))
+        # every tensor's LRU list, set before the walk (in C: the others', then the
+        # preferred ones'); a tensor is in its list exactly while it is resident
+        # (its state _RES)
+        self.home = home = dict.fromkeys(self.uses, lru_p if prefer is None else lru_o)
+        if prefer is not None:
+            home.update(zip(prefer, repeat(lru_p)))
         RES, HOST = _RES, _HOST
         level = self.level   # kept here; self.level around the calls that read or move it
         hits = 0
@@ -283,7 +305,7 @@ class CachePlanner:
             at: dict[int, list] = {}
             copies = set(self.copies)
             if self.offload_all:   # every preferred tensor (checkpoint outputs)
-                copies.update((k, t) for k, t in made if prefer is None or prefer(t))
+                copies.update((k, t) for k, t in made if prefer is None or t in prefer)
             for k, t in sorted(copies):
                 at.setdefault(k, []).append(offload[t])
             out: list[Op] = []
@@ -328,17 +350,16 @@ class CachePlanner:
         the parameter gradients it makes."""
         g, seq = self.g, self.seq
         allocs_seq = list(map(g.allocs_map.__getitem__, seq))
-        all_bytes = g.alloc_bytes_table
-        nbs = [all_bytes[ph][i] for ph, i in seq]
-        if any(map(bool, self.born)):
-            nbs = list(map(int.__add__, nbs, self.born))
-        size = self.sz.__getitem__
-        for p, (needs, allocs) in enumerate(zip(needs_seq, allocs_seq)):
-            if not needs or set(needs).isdisjoint(allocs):
-                continue
-            new = tuple(t for t in allocs if t not in needs)
-            allocs_seq[p] = new
-            nbs[p] -= sum(map(size, allocs)) - sum(map(size, new))
+        nbs = self.alloc_bytes if self.born is None else list(map(add, self.alloc_bytes,
+                                                                   self.born))
+        overlap = _overlap(g)
+        if overlap:   # no shipped trace has such a step
+            nbs, size = list(nbs), self.sz.__getitem__
+            for p, (step, needs, allocs) in enumerate(zip(seq, needs_seq, allocs_seq)):
+                if step in overlap:
+                    new = tuple(t for t in allocs if t not in needs)
+                    allocs_seq[p] = new
+                    nbs[p] -= sum(map(size, allocs)) - sum(map(size, new))
         return allocs_seq, nbs
 
     def _prefetch_window(self, p: int, last: int, reserve: int, pinned) -> None:

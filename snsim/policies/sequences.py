@@ -66,6 +66,7 @@ class OpTables:
         self.wait = OpTable(tensor_op_maker(Wait))
         self.prefetch = OpTable(tensor_op_maker(Prefetch))
         self.offload = OpTable(tensor_op_maker(Offload))
+        self.all_frees = False   # a Free for every tensor of the graph (add_all_frees)
 
     def computes(self, seq: list[Step]) -> list[Compute]:
         """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
@@ -83,6 +84,13 @@ class OpTables:
         new = list(set(tensors).difference(table))
         if new:
             table.update(zip(new, make_records(Free, new)))
+
+    def add_all_frees(self, graph: Graph) -> None:
+        """:meth:`add_frees` of every tensor of ``graph`` (the graph of these
+        tables), once: a planner run per candidate plan asks each time."""
+        if not self.all_frees:
+            self.add_frees(graph.sizes)
+            self.all_frees = True
 
 
 def op_tables(graph: Graph) -> OpTables:

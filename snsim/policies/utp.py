@@ -42,9 +42,8 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
     checkpoint steps (``ahead`` checkpoints ahead); ``run()`` it to get the ops."""
     ckpt = layers.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
-    # the checkpoint outputs, asked in C (the planner asks once per tensor)
-    outputs = {("X", i) for i, c in enumerate(ckpt) if c}
-    return CachePlanner(graph, seq, capacity, prefer=outputs.__contains__,
+    outputs = {("X", i) for i, c in enumerate(ckpt) if c}   # preferred victims
+    return CachePlanner(graph, seq, capacity, prefer=outputs,
                         boundary=boundary, sync=release, dyn_ws=dyn_ws,
                         offload_all=offload_all, ahead=ahead)
 
