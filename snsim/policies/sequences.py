@@ -56,12 +56,30 @@ def tensor_op_maker(cls):
     return make
 
 
+class _PhaseComputes(dict):
+    """Phase (``F``, ``R``, ``B``) -> the ``Compute`` op of each of the ``n``
+    layers in that phase, made whole on first lookup (a lookup of a list is
+    cheaper than of a step: no tuple to hash)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def __missing__(self, phase):
+        if phase not in ("F", "R", "B"):
+            raise KeyError(phase)
+        n = self.n
+        ops = self[phase] = make_records(Compute, repeat(phase, n), range(n), repeat(0, n))
+        return ops
+
+
 class OpTables:
     """Per graph, one :class:`OpTable` per op kind: ``compute`` (by step, the
     first algorithm), ``free``, ``wait``, ``prefetch``, ``offload`` (by tensor)."""
 
-    def __init__(self):
+    def __init__(self, n: int = 0):
         self.compute = OpTable(lambda step: Compute(step[0], step[1]))
+        self.by_phase = _PhaseComputes(n)   # for computes: F, R, B by layer
         self.free = OpTable(tensor_op_maker(Free))
         self.wait = OpTable(tensor_op_maker(Wait))
         self.prefetch = OpTable(tensor_op_maker(Prefetch))
@@ -69,8 +87,16 @@ class OpTables:
         self.all_frees = False   # a Free for every tensor of the graph (add_all_frees)
 
     def computes(self, seq: list[Step]) -> list[Compute]:
-        """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
-        missing ones made in one pass (:func:`~snsim.trace.model.make_records`)."""
+        """The ``Compute`` op of each step of ``seq`` (its first algorithm): of an
+        ``F``, ``R`` or ``B`` step, read from that phase's list (every layer's op,
+        made in one pass on first use); of another, by step, the missing ones
+        made in one pass (:func:`~snsim.trace.model.make_records`)."""
+        by = self.by_phase
+        if by.n:
+            try:
+                return [by[ph][i] for ph, i in seq]
+            except KeyError:   # another phase
+                pass
         table = self.compute
         new = list(set(seq).difference(table))
         if new:
@@ -97,7 +123,7 @@ def op_tables(graph: Graph) -> OpTables:
     """The graph's shared op tables (:class:`OpTables`), made once per graph."""
     got = _OP_TABLES.get(graph)
     if got is None:
-        got = _OP_TABLES[graph] = OpTables()
+        got = _OP_TABLES[graph] = OpTables(graph.n)
     return got
 
 
