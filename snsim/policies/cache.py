@@ -24,7 +24,7 @@ from weakref import WeakKeyDictionary
 from snsim.graph import Graph, Step, Tensor
 from snsim.policies.replay import shortfall
 from snsim.policies.sequences import op_tables, use_positions
-from snsim.schedule.ops import Compute, Offload, Op
+from snsim.schedule.ops import Compute, Op
 
 _RES, _HOST, _IN = 1, 2, 3
 # graph -> {dyn_ws: per phase (F, R, B), per layer, the workspace a step reserves}
@@ -113,9 +113,9 @@ class CachePlanner:
         self.lru_o: OrderedDict = OrderedDict()
         self.home: dict = {}   # evictable tensor -> the LRU list it belongs to
         self.ops: list[Op] = []
-        self.evicted: set = set()
         self.made_at: dict = {}   # tensor -> op index right after the step that made it
         self.copies: set = set()  # (that index, tensor) of the instances evicted
+        self.offloaded: list = []  # the tensor of each Offload op (once run)
         self.reason: str | None = None
         self.n_evict = self.hits = self.misses = self.prefetched = 0
         self.bytes_in = 0
@@ -143,23 +143,24 @@ class CachePlanner:
             self.born = None
 
     # ---- memory
-    def _next_use(self, t: Tensor, p: int) -> int:
-        u = self.uses[t]
-        k = bisect_right(u, p)
-        return u[k] if k < len(u) else 1 << 60
-
     def _make_room(self, need: int, pinned, p: int, until: int | None = None) -> bool:
         """Evict LRU tensors until ``need`` more bytes fit.  With ``until``,
         only tensors not needed before that position (for prefetches)."""
         if self.level + need <= self.cap:
             return True
         size = self.sz.__getitem__
+        uses = self.uses
         victims = []
         free = self.cap - self.level
         for lru in (self.lru_p, self.lru_o):
             for t in lru:
-                if t in pinned or (until is not None and self._next_use(t, p) <= until):
+                if t in pinned:
                     continue
+                if until is not None:   # its next use (bisect: after position p)
+                    u = uses[t]
+                    k = bisect_right(u, p)
+                    if k < len(u) and u[k] <= until:
+                        continue
                 victims.append(t)
                 free += size(t)
                 if free >= need:
@@ -171,34 +172,41 @@ class CachePlanner:
                 return False
             # A step must run: evict what we can, then land and evict prefetches
             # that are still copying (a stall, but the step fits), else overshoot.
-            for t in victims:
-                self._evict(t)
+            self._evict(victims)
             for t in [t for t, s in self.state.items() if s == _IN and t not in pinned]:
                 if self.level + need <= self.cap:
                     return True
                 self.ops.append(self.tables.wait[t])
                 self.state[t] = _RES
                 self.home[t][t] = None
-                self._evict(t)
+                self._evict((t,))
                 self.n_landed += 1
             return self.level + need <= self.cap
-        for t in victims:
-            self._evict(t)
+        self._evict(victims)
         return True
 
-    def _evict(self, t: Tensor) -> None:
-        del self.home[t][t]
-        self.state[t] = _HOST
-        copy = (self.made_at[t], t)   # this instance of t
-        if self.sync and copy not in self.copies:
-            self.ops.append(self.tables.offload[t])
-            self.ops.append(self.tables.wait[t])
-        self.copies.add(copy)
-        self.evicted.add(t)
-        heapq.heappush(self.host_heap, (self._next_use(t, self.pos), t))
-        self.ops.append(self.tables.free[t])
-        self.level -= self.sz[t]
-        self.n_evict += 1
+    def _evict(self, ts) -> None:
+        """Evict the tensors ``ts``, in order."""
+        home, state, made_at, copies, ops = self.home, self.state, self.made_at, self.copies, \
+            self.ops
+        uses, pos, heap, sz, free = self.uses, self.pos, self.host_heap, self.sz, self.tables.free
+        sync = self.sync
+        level = self.level
+        for t in ts:
+            del home[t][t]
+            state[t] = _HOST
+            copy = (made_at[t], t)   # this instance of t
+            if sync and copy not in copies:
+                ops.append(self.tables.offload[t])
+                ops.append(self.tables.wait[t])
+            copies.add(copy)
+            u = uses[t]   # its next use (bisect: after this position)
+            k = bisect_right(u, pos)
+            heapq.heappush(heap, (u[k] if k < len(u) else 1 << 60, t))
+            ops.append(free[t])
+            level -= sz[t]
+        self.level = level
+        self.n_evict += len(ts)
 
     def _fetch(self, t: Tensor) -> None:
         self.ops.append(self.tables.prefetch[t])
@@ -306,16 +314,22 @@ class CachePlanner:
             copies = set(self.copies)
             if self.offload_all:   # every preferred tensor (checkpoint outputs)
                 copies.update((k, t) for k, t in made if prefer is None or t in prefer)
-            for k, t in sorted(copies):
-                at.setdefault(k, []).append(offload[t])
+            for k, t in copies:
+                at.setdefault(k, []).append(t)
             out: list[Op] = []
             prev = 0
             for k in sorted(at):   # each offload group before op k (or at the end)
+                group = at[k]
+                if len(group) > 1:
+                    group.sort()   # in (k, t) order, as the copies sorted
                 out.extend(ops[prev:k])
-                out.extend(at[k])
+                out.extend(map(offload.__getitem__, group))
                 prev = k
             out.extend(ops[prev:])
             self.ops = out
+            self.offloaded = [t for _, t in copies]
+        else:
+            self.offloaded = [t for _, t in self.copies]
         return self.ops
 
     def _algo(self, step: Step, nb: int) -> int:
@@ -363,14 +377,17 @@ class CachePlanner:
         return allocs_seq, nbs
 
     def _prefetch_window(self, p: int, last: int, reserve: int, pinned) -> None:
-        heap, state = self.host_heap, self.state
+        heap, state, uses = self.host_heap, self.state, self.uses
         want, seen = [], set()
         while heap and heap[0][0] <= last:
             u, t = heapq.heappop(heap)
             # stale entries: fetched since, freed, or evicted again later
-            if state.get(t) == _HOST and t not in seen and u == self._next_use(t, p):
-                want.append((u, t))
-                seen.add(t)
+            if state.get(t) == _HOST and t not in seen:
+                us = uses[t]   # its next use (bisect: after position p)
+                k = bisect_right(us, p)
+                if u == (us[k] if k < len(us) else 1 << 60):
+                    want.append((u, t))
+                    seen.add(t)
         if not want:
             return
         reserve = max([reserve] + self.step_need[p + 1:last + 1])
@@ -388,9 +405,9 @@ class CachePlanner:
                 self.g, step, short, self.cap)
 
     def stats(self) -> dict:
-        size = self.g.size
-        off = [op.tensor for op in self.ops if type(op) is Offload]
-        return {"offloaded_bytes": sum(size(t) for t in off), "offloaded_tensors": len(off),
+        off = self.offloaded   # the tensors of the Offload ops run() made
+        return {"offloaded_bytes": sum(map(self.sz.__getitem__, off)),
+                "offloaded_tensors": len(off),
                 "prefetched_bytes": self.bytes_in, "evictions": self.n_evict,
                 "cache_hits": self.hits, "cache_misses": self.misses,
                 "prefetch_hits": self.prefetched, "prefetches_landed_early": self.n_landed}
