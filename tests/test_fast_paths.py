@@ -119,13 +119,16 @@ def test_op_tables_give_the_ops_made_fresh():
         assert repr(op) == repr(cls(("S", 7)))
 
 
-@pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "k40c_inception_v4_b16.json"])
+@pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "k40c_inception_v4_b16.json",
+                                  "cpu_gpt_small_b4.json"])
 def test_step_bytes_table_equals_the_per_step_sums(name):
     g = Graph(load(ROOT / "traces" / name))
     table = layers.step_bytes_table(g)
     for phase, i in g.route:
         step = (phase, i)
         assert table[phase][i] == g.step_bytes(step) + g.workspace_bytes(step)
+        assert g.needs_bytes_table[phase][i] == sum(g.size(t) for t in g.needs(step))
+        assert g.alloc_bytes_table[phase][i] == sum(g.size(t) for t in g.allocs(step))
 
 
 @pytest.mark.parametrize("factor", [1.05, 1.5, 3.0])

@@ -81,15 +81,13 @@ def step_bytes_table(graph: Graph) -> dict[str, list]:
     graph from the graph's per-phase tables (~10^4 steps on a deep trace)."""
     got = _STEP_BYTES.get(graph)
     if got is None:
-        size = graph.sizes.__getitem__
-        tables, all_bytes = graph.step_tables, graph.alloc_bytes_table
+        reads, all_bytes = graph.needs_bytes_table, graph.alloc_bytes_table
         wss = [layer.workspace for layer in graph.layers]
         ws_f = [ws[0].fwd_bytes if ws else 0 for ws in wss]
         ws_b = [ws[0].backward_bytes if ws else 0 for ws in wss]
-        fwd = [sum(map(size, nd)) + ab + w
-               for nd, ab, w in zip(tables["F"][0], all_bytes["F"], ws_f)]
-        bwd = [None if nd is None else sum(map(size, nd)) + ab + w
-               for nd, ab, w in zip(tables["B"][0], all_bytes["B"], ws_b)]
+        fwd = [r + ab + w for r, ab, w in zip(reads["F"], all_bytes["F"], ws_f)]
+        bwd = [None if r is None else r + ab + w
+               for r, ab, w in zip(reads["B"], all_bytes["B"], ws_b)]
         got = _STEP_BYTES[graph] = {"F": fwd, "B": bwd}
     return got
 
