@@ -5,6 +5,7 @@ A helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
+from operator import add
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph
@@ -85,7 +86,7 @@ def step_bytes_table(graph: Graph) -> dict[str, list]:
         wss = [layer.workspace for layer in graph.layers]
         ws_f = [ws[0].fwd_bytes if ws else 0 for ws in wss]
         ws_b = [ws[0].backward_bytes if ws else 0 for ws in wss]
-        fwd = [r + ab + w for r, ab, w in zip(reads["F"], all_bytes["F"], ws_f)]
+        fwd = list(map(add, map(add, reads["F"], all_bytes["F"]), ws_f))
         bwd = [None if r is None else r + ab + w
                for r, ab, w in zip(reads["B"], all_bytes["B"], ws_b)]
         got = _STEP_BYTES[graph] = {"F": fwd, "B": bwd}

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from itertools import compress, repeat
+from operator import is_
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, tensor_name
@@ -161,13 +163,12 @@ def _compute_ms(graph: Graph, ops: list[Op]) -> float:
     fwd_ms, bwd_ms = _step_ms_tables(graph)
     step_ms = graph.step_ms
     total = 0.0
-    for op in ops:
-        if op.action == COMPUTE:
-            phase = op.phase
-            if op.algo or phase == "O":
-                total += step_ms(op.step, op.algo)
-            else:
-                total += (bwd_ms if phase == "B" else fwd_ms)[op.layer]
+    for op in compress(ops, map(is_, map(type, ops), repeat(Compute))):   # picked in C
+        phase = op.phase
+        if op.algo or phase == "O":
+            total += step_ms(op.step, op.algo)
+        else:
+            total += (bwd_ms if phase == "B" else fwd_ms)[op.layer]
     return total
 
 

@@ -115,7 +115,11 @@ class OpTables:
         """:meth:`add_frees` of every tensor of ``graph`` (the graph of these
         tables), once: a planner run per candidate plan asks each time."""
         if not self.all_frees:
-            self.add_frees(graph.sizes)
+            if self.free:
+                self.add_frees(graph.sizes)
+            else:   # none made yet: all of them, without the set difference
+                tensors = list(graph.sizes)
+                self.free.update(zip(tensors, make_records(Free, tensors)))
             self.all_frees = True
 
 
@@ -142,7 +146,6 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     seq: list[Step] = [("F", i) for i in range(n)]
     kept: set[int] = set()    # speed-centric layers recomputed: reused to the end
     avail: set[int] = set()   # memory-centric ones reusable for the next step only
-    needs = graph.needs
     layers = graph.layers
     back = graph.route[n:]
 
@@ -161,13 +164,15 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
             stack.append((k, True))
             stack.extend((x, False) for x in reversed(layers[k].inputs) if not keep[x])
 
+    needs_of = graph.needs_map   # graph.needs, without a call per step
     for k, step in enumerate(back):
-        for t in needs(step):
-            if t[0] not in ("G", "P") and not keep[t[1]]:
-                ensure(t[1])
+        for t in needs_of[step]:
+            j = t[1]
+            if t[0] not in ("G", "P") and not keep[j] and j not in kept and j not in avail:
+                ensure(j)
         seq.append(step)
         if avail:
-            nxt = {t[1] for t in needs(back[k + 1]) if t[0] not in ("G", "P")} \
+            nxt = {t[1] for t in needs_of[back[k + 1]] if t[0] not in ("G", "P")} \
                 if k + 1 < len(back) else ()
             avail = {j for j in avail if j in nxt}
     return seq
@@ -207,11 +212,10 @@ def _use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tenso
     p = 0
     for nd, al in zip(map(needs.__getitem__, seq), map(allocs.__getitem__, seq)):
         for t in nd:
-            u = get(t)
-            if u is None:
+            try:   # a tensor is needed after a step made it: seen already
+                uses[t].append(p)
+            except KeyError:
                 uses[t] = [p]
-            else:
-                u.append(p)
         for t in al:
             u = get(t)
             if u is None:
