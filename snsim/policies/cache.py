@@ -247,15 +247,13 @@ class CachePlanner:
             home.update(zip(prefer, repeat(lru_p)))
         RES, HOST = _RES, _HOST
         level = self.level   # kept here; self.level around the calls that read or move it
-        hits = 0
         for p, (step, needs, new, nb, comp, algos, wsn, last, fp) in enumerate(zip(
                 seq, needs_seq, fresh_seq, fresh_bytes, computes, choose, ws_need,
                 window, frees)):
             # 1. what this step needs: resident (hit), inbound (prefetched) or on host
             for t in needs:
                 d = home[t]
-                if t in d:   # resident
-                    hits += 1
+                if t in d:   # resident: a hit (counted below)
                     d.move_to_end(t)
                     continue
                 if state[t] == HOST:
@@ -307,7 +305,8 @@ class CachePlanner:
                     level -= sz[t]
                     del home[t][t]
         self.level = level
-        self.hits = hits
+        # every need is a hit, a miss or a prefetch hit
+        self.hits = sum(map(len, needs_seq)) - self.misses - self.prefetched
         if not self.sync:   # paper mode: copy out right after the step that made it
             offload = tables.offload
             at: dict[int, list] = {}

@@ -195,8 +195,10 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
                 # liveness fits: pure compute
                 best = _Plan(0.0, kind, ops, _stats(seg_stats, cache), None)
                 break
-            if kind == "cache-only" and (share, ahead) == tries[0] and any(
-                    g.bwd_released(("B", i)) is not None for i in range(g.n)):
+            # (a backward step with a measured hand-over peak, bwd_released, is one
+            # whose plain workspace the graph leaves to the ledger: None)
+            if kind == "cache-only" and (share, ahead) == tries[0] and \
+                    None in g.plain_workspace["B"]:
                 live = plan_liveness(PlanContext(g)).ops
                 if replay.fits(g, live, cap):
                     # liveness fits once its backward steps hand their dying reads to
