@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 from functools import cached_property
+from itertools import repeat
 
 from snsim import devices
 from snsim import training as training_state
@@ -469,13 +470,24 @@ class Graph:
         return self._tables
 
     @cached_property
+    def needs_bytes_table(self) -> dict[str, list]:
+        """Per phase (``F``, ``R``, ``B``), per layer: the bytes of all that its
+        step needs, None where the layer has no such step (summed in C: the lower
+        bound and the recomputation planners read it)."""
+        sizes = self.sizes.__getitem__
+        tables = self.step_tables
+        fwd = list(map(sum, map(map, repeat(sizes), tables["F"][0])))   # R: the same needs
+        return {"F": fwd, "R": fwd,
+                "B": [None if nd is None else sum(map(sizes, nd)) for nd in tables["B"][0]]}
+
+    @cached_property
     def alloc_bytes_table(self) -> dict[str, list]:
         """Per phase (``F``, ``R``, ``B``), per layer: the bytes of all that its
         step allocates (what it makes when none of it is resident yet), None where
         the layer has no such step."""
         sizes = self.sizes.__getitem__
         tables = self.step_tables
-        fwd = [sum(map(sizes, a)) for a in tables["F"][1]]   # R: the same allocs
+        fwd = list(map(sum, map(map, repeat(sizes), tables["F"][1])))   # R: the same allocs
         return {"F": fwd, "R": fwd,
                 "B": [None if a is None else sum(map(sizes, a)) for a in tables["B"][1]]}
 
@@ -589,8 +601,7 @@ class Graph:
         best = 0
         least = self.least_step_bytes
         born_bytes = self.born_bytes if self.grads_born else None
-        size = self.sizes.__getitem__
-        tables, all_bytes = self.step_tables, self.alloc_bytes_table
+        reads, all_bytes = self.needs_bytes_table, self.alloc_bytes_table
         # a step with no in-place input and no measured hand-over peak needs its
         # reads, its allocs and its smallest workspace (least_step_bytes, inline)
         simple = self.simple_min_workspace
@@ -601,7 +612,7 @@ class Graph:
             if ws is None:
                 need = least((phase, i))
             else:
-                need = sum(map(size, tables[phase][0][i])) + all_bytes[phase][i] + ws
+                need = reads[phase][i] + all_bytes[phase][i] + ws
             need += born
             if need > best:
                 best = need

@@ -3,7 +3,8 @@
 Each shortcut has a plain form beside it: records made in C against their
 constructor, the column-wise semantic check against the layer-by-layer loop
 (on randomly broken documents), the per-graph op tables against fresh ops, the
-lower bound's table form against ``least_step_bytes``, and the CLI's parser for
+lower bound's table form against ``least_step_bytes``, the per-graph step
+bytes against the per-step sums, an estimate told a limit against the whole one, and the CLI's parser for
 one command against the whole parser.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 from pathlib import Path
 
@@ -18,8 +20,8 @@ import pytest
 
 from snsim.errors import TraceError
 from snsim.graph import Graph
-from snsim.policies import sequences
-from snsim.schedule.ops import Compute, Free
+from snsim.policies import layers, replay, sequences, superneurons
+from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Wait
 from snsim.trace import io, load
 from snsim.trace.model import Layer, Workspace, make_records
 
@@ -110,6 +112,41 @@ def test_op_tables_give_the_ops_made_fresh():
     tables.add_frees(g.sizes)
     assert all(tables.free[t] == Free(t) for t in g.sizes)
     assert tables.wait[("X", 1)].tensor == ("X", 1)   # made on first lookup
+    for table, cls in ((tables.wait, Wait), (tables.prefetch, Prefetch),
+                       (tables.offload, Offload)):
+        op = table[("S", 7)]
+        assert op == cls(("S", 7)) and type(op) is cls and hash(op) == hash(cls(("S", 7)))
+        assert repr(op) == repr(cls(("S", 7)))
+
+
+@pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "k40c_inception_v4_b16.json",
+                                  "cpu_gpt_small_b4.json"])
+def test_step_bytes_table_equals_the_per_step_sums(name):
+    g = Graph(load(ROOT / "traces" / name))
+    table = layers.step_bytes_table(g)
+    for phase, i in g.route:
+        step = (phase, i)
+        assert table[phase][i] == g.step_bytes(step) + g.workspace_bytes(step)
+        assert g.needs_bytes_table[phase][i] == sum(g.size(t) for t in g.needs(step))
+        assert g.alloc_bytes_table[phase][i] == sum(g.size(t) for t in g.allocs(step))
+
+
+@pytest.mark.parametrize("factor", [1.05, 1.5, 3.0])
+def test_estimate_with_a_limit_is_exact_up_to_it(factor):
+    """replay.estimate_ms with ``limit``: the makespan where it is at most the limit,
+    else a value above the limit and at most the makespan, up to rounding (it may
+    stop early)."""
+    g = Graph(load(R50))
+    cap = int(g.lower_bound_bytes * factor)
+    for kind in ("cache-only", "cost-aware"):
+        ops = superneurons.candidate(g, cap, kind, layers.checkpoints(g))[0]
+        ms = replay.estimate_ms(g, ops, cap)
+        for limit in (0.0, ms * 0.5, ms * 0.99, ms, ms * 1.01, math.inf):
+            got = replay.estimate_ms(g, ops, cap, limit)
+            if ms <= limit:
+                assert got == ms
+            else:
+                assert limit < got <= ms * (1 + 1e-12)   # its sums round apart
 
 
 @pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "cpu_gpt_small_b4.json",

@@ -5,15 +5,22 @@ policy (the registry skips it).
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import is_
+
 from snsim.graph import Graph
 from snsim.policies import replay
 from snsim.schedule.ops import Compute, Op, Schedule
 
 
 def recompute_stats(graph: Graph, ops: list[Op]) -> dict:
-    rs = [op for op in ops if type(op) is Compute and op.phase == "R"]
-    return {"recomputed_layers": len(rs),
-            "recompute_planned_ms": round(sum(graph.step_ms(op.step, op.algo) for op in rs), 6)}
+    # the compute ops picked out in C; a recompute's time with its first algorithm
+    # is its layer's forward time (graph.step_ms), added in the same order
+    computes = compress(ops, map(is_, map(type, ops), repeat(Compute)))
+    rs = [op for op in computes if op.phase == "R"]
+    layers, step_ms = graph.layers, graph.step_ms
+    times = [step_ms(op.step, op.algo) if op.algo else layers[op.layer].fwd_ms for op in rs]
+    return {"recomputed_layers": len(rs), "recompute_planned_ms": round(sum(times), 6)}
 
 
 def finish(name: str, graph: Graph, ops: list[Op], budget: int | None, stats: dict,

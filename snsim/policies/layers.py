@@ -5,6 +5,7 @@ A helper of the policies, not a policy (the registry skips it).
 
 from __future__ import annotations
 
+from operator import add
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph
@@ -68,24 +69,34 @@ def segments(graph: Graph, keep: list[bool]) -> tuple[list[list[int]], list[int]
 
 def layer_bwd_bytes(graph: Graph, i: int) -> int:
     """``l_i``: bytes B_i needs and allocates plus its workspace (no params)."""
-    return next(_steps_bytes(graph, [("B", i)]))
+    return step_bytes_table(graph)["B"][i]
 
 
-def _steps_bytes(graph: Graph, steps):
-    """Per step, the bytes it needs and allocates plus its workspace
-    (``graph.step_bytes`` + ``graph.workspace_bytes``), inline for the per-layer
-    loops below (~10^4 steps on a deep trace)."""
-    size = graph.sizes.__getitem__
-    needs, allocs, lys, ws = graph.needs_map, graph.allocs_map, graph.layers, graph.workspace_bytes
-    for step in steps:
-        yield (sum(map(size, needs[step])) + sum(map(size, allocs[step]))
-               + (ws(step) if lys[step[1]].workspace else 0))
+_STEP_BYTES: WeakKeyDictionary = WeakKeyDictionary()   # graph -> step_bytes_table
+
+
+def step_bytes_table(graph: Graph) -> dict[str, list]:
+    """Per phase (``F``, ``B``), per layer: the bytes its step needs and allocates
+    plus its first algorithm's workspace (``graph.step_bytes`` +
+    ``graph.workspace_bytes``; None where the layer has no such step), once per
+    graph from the graph's per-phase tables (~10^4 steps on a deep trace)."""
+    got = _STEP_BYTES.get(graph)
+    if got is None:
+        reads, all_bytes = graph.needs_bytes_table, graph.alloc_bytes_table
+        wss = [layer.workspace for layer in graph.layers]
+        ws_f = [ws[0].fwd_bytes if ws else 0 for ws in wss]
+        ws_b = [ws[0].backward_bytes if ws else 0 for ws in wss]
+        fwd = list(map(add, map(add, reads["F"], all_bytes["F"]), ws_f))
+        bwd = [None if r is None else r + ab + w
+               for r, ab, w in zip(reads["B"], all_bytes["B"], ws_b)]
+        got = _STEP_BYTES[graph] = {"F": fwd, "B": bwd}
+    return got
 
 
 def fwd_bytes_sum(graph: Graph, ids) -> int:
     """The forward memory of layers ``ids`` summed: each F step's inputs, output,
     saved extras and workspace."""
-    return sum(_steps_bytes(graph, [("F", i) for i in ids]))
+    return sum(map(step_bytes_table(graph)["F"].__getitem__, ids))
 
 
 _L_PEAK: WeakKeyDictionary = WeakKeyDictionary()   # graph -> l_peak
@@ -96,6 +107,7 @@ def l_peak(graph: Graph) -> int:
     recomputation policies, sqrt-n and superneurons each read it)."""
     got = _L_PEAK.get(graph)
     if got is None:
-        got = _L_PEAK[graph] = max(_steps_bytes(graph, [s for s in graph.route
-                                                        if s[0] == "B"]), default=0)
+        bwd = step_bytes_table(graph)["B"]
+        got = _L_PEAK[graph] = max([bwd[i] for phase, i in graph.route if phase == "B"],
+                                   default=0)
     return got

@@ -16,12 +16,20 @@ appends the optimizer step (DESIGN 3a).  Its temporaries, and the parameter
 gradients backward steps make under ``set-to-none`` (the ledger's effects),
 are part of every estimate here, so a plan these call fitting is one the
 simulator finds fitting.
+
+Note 3 (stopping early).  A planner that only asks whether a plan is faster
+than a known time need not replay all of it: the clock moves by each compute
+step's time and by waits, never back, so the makespan is at least the plan's
+compute time plus the waiting so far.  Once that exceeds the time asked about
+(by more than rounding can account for), the answer is known.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from itertools import compress, repeat
+from operator import is_
 from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, tensor_name
@@ -68,11 +76,15 @@ def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:
             f"({fmt_bytes(short)}) short of the {fmt_bytes(capacity)} budget")
 
 
-def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
+def estimate_ms(graph: Graph, ops: list[Op], capacity: int, limit: float = math.inf) -> float:
     """Makespan of ``ops`` under the simulator's rules (DESIGN section 2,
     "Time"), without simpy; ``inf`` when an allocation can never fit.  Memory
     per op is the ledger's (:func:`snsim.schedule.ledger.walk`); the optimizer
-    step the plan will end with is counted (note 2)."""
+    step the plan will end with is counted (note 2).
+
+    With a finite ``limit``: a makespan of at most ``limit`` is returned
+    exactly; a larger one may be cut short (note 3), and what is returned
+    then is above ``limit`` and, up to rounding, a lower bound of it."""
     ops = with_optimizer_step(graph, ops)
     size = graph.sizes
     fwd_ms, bwd_ms = _step_ms_tables(graph)
@@ -84,16 +96,23 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
     in_done: dict = {}
     pending: list = []   # (time, bytes) of frees under way
     heappop = heapq.heappop
+    # note 3: the plan's compute time, and how much waiting makes the makespan
+    # exceed ``limit`` (a relative margin far above the sums' rounding)
+    busy = _compute_ms(graph, ops) if limit < math.inf else 0.0
+    slack = limit + 1e-6 * (abs(limit) + 1.0) - busy
+    waited = 0.0
 
     def fit(need: int) -> bool:
-        nonlocal now, level
+        nonlocal now, level, waited
         while pending and pending[0][0] <= now:
             level -= heappop(pending)[1]
         while level + need > capacity:
             if not pending:
                 return False
             t, b = heappop(pending)
-            now = max(now, t)
+            if t > now:
+                waited += t - now
+                now = t
             level -= b
         return True
 
@@ -129,8 +148,28 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int) -> float:
         elif act == SYNC:
             t = op.tensor
             done = in_done.pop(t, None)
-            now = max(now, off_done.get(t, 0.0) if done is None else done)
+            if done is None:
+                done = off_done.get(t, 0.0)
+            if done > now:
+                waited += done - now
+                now = done
+                if waited > slack:   # over ``limit`` whatever follows (note 3)
+                    return busy + waited
     return max(now, d2h, h2d)
+
+
+def _compute_ms(graph: Graph, ops: list[Op]) -> float:
+    """The compute steps' time of ``ops``, each with its algorithm (note 3)."""
+    fwd_ms, bwd_ms = _step_ms_tables(graph)
+    step_ms = graph.step_ms
+    total = 0.0
+    for op in compress(ops, map(is_, map(type, ops), repeat(Compute))):   # picked in C
+        phase = op.phase
+        if op.algo or phase == "O":
+            total += step_ms(op.step, op.algo)
+        else:
+            total += (bwd_ms if phase == "B" else fwd_ms)[op.layer]
+    return total
 
 
 def _step_ms_tables(graph: Graph) -> tuple[list[float], list[float]]:

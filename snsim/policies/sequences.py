@@ -41,20 +41,62 @@ class OpTable(dict):
         return op
 
 
+def tensor_op_maker(cls):
+    """``cls(tensor)`` for a frozen, slotted op class of one field (``tensor``),
+    its field set through the slot descriptor as :func:`make_records` does: the
+    same object without the generated ``__init__``'s frame (a plan with 10^4
+    evictions makes that many waits, prefetches and offloads one at a time)."""
+    new, set_tensor = object.__new__, cls.tensor.__set__
+
+    def make(tensor):
+        op = new(cls)
+        set_tensor(op, tensor)
+        return op
+
+    return make
+
+
+class _PhaseComputes(dict):
+    """Phase (``F``, ``R``, ``B``) -> the ``Compute`` op of each of the ``n``
+    layers in that phase, made whole on first lookup (a lookup of a list is
+    cheaper than of a step: no tuple to hash)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def __missing__(self, phase):
+        if phase not in ("F", "R", "B"):
+            raise KeyError(phase)
+        n = self.n
+        ops = self[phase] = make_records(Compute, repeat(phase, n), range(n), repeat(0, n))
+        return ops
+
+
 class OpTables:
     """Per graph, one :class:`OpTable` per op kind: ``compute`` (by step, the
     first algorithm), ``free``, ``wait``, ``prefetch``, ``offload`` (by tensor)."""
 
-    def __init__(self):
+    def __init__(self, n: int = 0):
         self.compute = OpTable(lambda step: Compute(step[0], step[1]))
-        self.free = OpTable(Free)
-        self.wait = OpTable(Wait)
-        self.prefetch = OpTable(Prefetch)
-        self.offload = OpTable(Offload)
+        self.by_phase = _PhaseComputes(n)   # for computes: F, R, B by layer
+        self.free = OpTable(tensor_op_maker(Free))
+        self.wait = OpTable(tensor_op_maker(Wait))
+        self.prefetch = OpTable(tensor_op_maker(Prefetch))
+        self.offload = OpTable(tensor_op_maker(Offload))
+        self.all_frees = False   # a Free for every tensor of the graph (add_all_frees)
 
     def computes(self, seq: list[Step]) -> list[Compute]:
-        """The ``Compute`` op of each step of ``seq`` (its first algorithm); the
-        missing ones made in one pass (:func:`~snsim.trace.model.make_records`)."""
+        """The ``Compute`` op of each step of ``seq`` (its first algorithm): of an
+        ``F``, ``R`` or ``B`` step, read from that phase's list (every layer's op,
+        made in one pass on first use); of another, by step, the missing ones
+        made in one pass (:func:`~snsim.trace.model.make_records`)."""
+        by = self.by_phase
+        if by.n:
+            try:
+                return [by[ph][i] for ph, i in seq]
+            except KeyError:   # another phase
+                pass
         table = self.compute
         new = list(set(seq).difference(table))
         if new:
@@ -69,12 +111,23 @@ class OpTables:
         if new:
             table.update(zip(new, make_records(Free, new)))
 
+    def add_all_frees(self, graph: Graph) -> None:
+        """:meth:`add_frees` of every tensor of ``graph`` (the graph of these
+        tables), once: a planner run per candidate plan asks each time."""
+        if not self.all_frees:
+            if self.free:
+                self.add_frees(graph.sizes)
+            else:   # none made yet: all of them, without the set difference
+                tensors = list(graph.sizes)
+                self.free.update(zip(tensors, make_records(Free, tensors)))
+            self.all_frees = True
+
 
 def op_tables(graph: Graph) -> OpTables:
     """The graph's shared op tables (:class:`OpTables`), made once per graph."""
     got = _OP_TABLES.get(graph)
     if got is None:
-        got = _OP_TABLES[graph] = OpTables()
+        got = _OP_TABLES[graph] = OpTables(graph.n)
     return got
 
 
@@ -93,7 +146,6 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     seq: list[Step] = [("F", i) for i in range(n)]
     kept: set[int] = set()    # speed-centric layers recomputed: reused to the end
     avail: set[int] = set()   # memory-centric ones reusable for the next step only
-    needs = graph.needs
     layers = graph.layers
     back = graph.route[n:]
 
@@ -112,13 +164,15 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
             stack.append((k, True))
             stack.extend((x, False) for x in reversed(layers[k].inputs) if not keep[x])
 
+    needs_of = graph.needs_map   # graph.needs, without a call per step
     for k, step in enumerate(back):
-        for t in needs(step):
-            if t[0] not in ("G", "P") and not keep[t[1]]:
-                ensure(t[1])
+        for t in needs_of[step]:
+            j = t[1]
+            if t[0] not in ("G", "P") and not keep[j] and j not in kept and j not in avail:
+                ensure(j)
         seq.append(step)
         if avail:
-            nxt = {t[1] for t in needs(back[k + 1]) if t[0] not in ("G", "P")} \
+            nxt = {t[1] for t in needs_of[back[k + 1]] if t[0] not in ("G", "P")} \
                 if k + 1 < len(back) else ()
             avail = {j for j in avail if j in nxt}
     return seq
@@ -158,11 +212,10 @@ def _use_positions(graph: Graph, seq: list[Step]) -> tuple[dict, list[list[Tenso
     p = 0
     for nd, al in zip(map(needs.__getitem__, seq), map(allocs.__getitem__, seq)):
         for t in nd:
-            u = get(t)
-            if u is None:
+            try:   # a tensor is needed after a step made it: seen already
+                uses[t].append(p)
+            except KeyError:
                 uses[t] = [p]
-            else:
-                u.append(p)
         for t in al:
             u = get(t)
             if u is None:

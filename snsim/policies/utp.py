@@ -42,8 +42,8 @@ def checkpoint_cache(graph: Graph, seq, capacity: int, release: bool = False,
     checkpoint steps (``ahead`` checkpoints ahead); ``run()`` it to get the ops."""
     ckpt = layers.checkpoints(graph)
     boundary = [ckpt[i] and ph != "R" for ph, i in seq]
-    return CachePlanner(graph, seq, capacity,
-                        prefer=lambda t: t[0] == "X" and ckpt[t[1]],
+    outputs = {("X", i) for i, c in enumerate(ckpt) if c}   # preferred victims
+    return CachePlanner(graph, seq, capacity, prefer=outputs,
                         boundary=boundary, sync=release, dyn_ws=dyn_ws,
                         offload_all=offload_all, ahead=ahead)
 
