@@ -158,3 +158,18 @@ def test_optimality_gap_without_the_solver_is_one_line(tmp_path, monkeypatch, ca
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "snsim[optimal]" in err
     assert not out_dir.exists()   # checked before --out is made
+
+
+def test_missing_input_is_one_line_before_any_output(tmp_path, monkeypatch, capsys):
+    """fidelity without the validation report it reads: refused before --out is made."""
+    from pathlib import Path
+
+    from snsim.experiments import fidelity
+
+    monkeypatch.setattr(fidelity, "REPORT", Path("no-such-report") / "results.csv")
+    monkeypatch.chdir(tmp_path)
+    out_dir = tmp_path / "figs"
+    assert main(["experiment", "fidelity", "--out", str(out_dir)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "validation report" in err
+    assert not out_dir.exists()

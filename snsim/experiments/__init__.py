@@ -17,7 +17,9 @@ class Entry:
     needs: tuple[tuple[str, str], ...] = ()   # (module, what installs it), checked first
 
     def check(self) -> None:
-        """One line (:class:`SnsimError`) if a module the experiment needs is missing."""
+        """One line (:class:`SnsimError`) if a module the experiment needs is
+        missing, or its module's ``check_<name>()`` finds an input missing (the
+        validation report, the shipped traces): before any output is made."""
         import importlib.util
 
         from snsim.errors import SnsimError
@@ -25,6 +27,10 @@ class Entry:
         for module, extra in self.needs:
             if importlib.util.find_spec(module) is None:
                 raise SnsimError(f"{self.name} needs {module}: pip install '{extra}'")
+        mod = importlib.import_module(f"snsim.experiments.{self.module}")
+        inputs = getattr(mod, "check_" + self.name.replace("-", "_"), None)
+        if inputs is not None:
+            inputs()
 
     def load(self):
         mod = importlib.import_module(f"snsim.experiments.{self.module}")

@@ -21,6 +21,10 @@ def report_path() -> Path:
                      "--out validate/report-cpu first")
 
 
+def check_fidelity() -> None:
+    report_path()
+
+
 def run_fidelity(opts: Options) -> Outcome:
     import pandas as pd
 
