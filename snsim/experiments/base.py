@@ -46,6 +46,16 @@ class Outcome:
     summary: str = ""                         # printed after the run (a few lines)
 
 
+def checkout_file(rel: Path, found: Callable[[Path], bool] = Path.is_file) -> Path | None:
+    """``rel`` in the current folder, else in the source checkout snsim runs from,
+    where ``found`` holds (None: in neither): the inputs an experiment reads
+    that pip does not install (the validation report, the shipped traces)."""
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if found(base / rel):
+            return base / rel
+    return None
+
+
 def network(name: str, batch: int, device_model: str) -> TraceSpec:
     return TraceSpec("model", model=name, batch=batch, device_model=device_model)
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from snsim.errors import SnsimError
-from snsim.experiments.base import Options, Outcome
+from snsim.experiments.base import Options, Outcome, checkout_file
 
 REPORT = Path("validate") / "report-cpu" / "results.csv"
 
 
 def report_path() -> Path:
     """The report in the current folder, else in the source checkout snsim runs from."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (base / REPORT).is_file():
-            return base / REPORT
+    found = checkout_file(REPORT)
+    if found is not None:
+        return found
     raise SnsimError(f"fidelity reads the validation report {REPORT}, not found here or "
                      "in the source checkout: run snsim validate --suite validate/cpu.toml "
                      "--out validate/report-cpu first")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from snsim.errors import SnsimError
-from snsim.experiments.base import Options, Outcome
+from snsim.experiments.base import Options, Outcome, checkout_file
 from snsim.sweep import TraceSpec, grid
 
 HEURISTICS = ("superneurons", "dtr", "utp", "cost-aware", "sqrt-n", "vdnn-all")
@@ -28,9 +28,9 @@ LEGEND_IN = 3.2   # the figure's legend names the bounds: wider than the policie
 
 def trace_dir() -> Path:
     """The shipped traces in the current folder, else in the source checkout."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if any((base / TRACES).glob("k40c_*.json")):
-            return base / TRACES
+    found = checkout_file(TRACES, lambda folder: any(folder.glob("k40c_*.json")))
+    if found is not None:
+        return found
     raise SnsimError(f"optimality-gap reads the shipped K40c traces ({TRACES}/k40c_*.json), "
                      "not found here or in the source checkout")
 
