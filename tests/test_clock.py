@@ -35,6 +35,17 @@ def _workers(env, log, plans, signal=None):
         env.process(worker(w, delays))
 
 
+def _run(env, log, inline: bool, by_wait, by_events) -> list:
+    """Run the stream inline (``by_wait`` called at once, waiting without events)
+    or as a generator process (``by_events``); the log and the end time."""
+    if inline:
+        env.call_soon(by_wait)
+    else:
+        env.process(by_events())
+    env.run()
+    return log + [("end", env.now)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(plans=WORKERS, mine=st.lists(DELAYS, max_size=8))
 def test_hold_runs_what_a_timeout_would(plans, mine):
@@ -52,12 +63,7 @@ def test_hold_runs_what_a_timeout_would(plans, mine):
                 env.hold(d)
                 log.append(("me", n, env.now))
 
-        if inline:
-            env.call_soon(by_hold)
-        else:
-            env.process(by_timeouts())
-        env.run()
-        return log + [("end", env.now)]
+        return _run(env, log, inline, by_hold, by_timeouts)
 
     assert run(True) == run(False)
 
@@ -107,12 +113,7 @@ def test_settle_resumes_where_the_signal_event_would(plans, mine):
                     env.hold(d)
                 log.append(("me", n, env.now))
 
-        if inline:
-            env.call_soon(by_settle)
-        else:
-            env.process(by_events())
-        env.run()
-        return log + [("end", env.now)]
+        return _run(env, log, inline, by_settle, by_events)
 
     assert run(True) == run(False)
 
