@@ -623,3 +623,92 @@ def test_small_log_finishes_where_simrd_does():
     assert [op.layer for op in ops if type(op) is Compute and op.phase == "R"] == [1]
     assert stats["remat_ms"] == pytest.approx(1.461903, abs=1e-9)
     verify(g, Schedule("dtr", ops, 2728))
+
+
+def _planner_tail_ops(g: Graph, cap: int, thrash_limit: float = 2.0):
+    """plan_dtr_ops with the route after the first infeasible step issued by the
+    planner's own ``compute`` and ``free`` (infinite capacity), as before the
+    lean tail: the reference it must equal."""
+    from snsim.policies import sequences
+
+    def route(d: Planner) -> tuple[Planner, str | None]:
+        _, frees = sequences.use_positions(g, g.route)
+        reason = None
+        for p, step in enumerate(g.route):
+            d.pos = p
+            d.compute(step)
+            if d.reason is not None and reason is None:
+                reason, d.reason = d.reason, None
+                d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
+                d.compute(step)
+            for t in frees[p]:
+                if t in d.resident and not d.view_stays(t):
+                    d.free(t)
+            for j in d.expiry.pop(p, ()):
+                d.unmark_evicted(j)
+        d.keep_data = False
+        for t in sorted(d.kept_data):
+            if t in d.resident:
+                d.free(t)
+        return d, reason
+
+    score = HEURISTICS["dtr"]
+    d, reason = route(Planner(g, cap, score, thrash_limit=thrash_limit))
+    if d.remade_data:
+        d = Planner(g, cap, score, thrash_limit=thrash_limit)
+        d.keep_data = True
+        d, reason = route(d)
+    return d.ops, {"evictions": d.evictions, "remat_ms": round(d.remat_ms, 6)}, reason
+
+
+def _with_views(lines: list[str], seed: int) -> list[str]:
+    """A random log with every third one-result op made a view of its first
+    argument (0 bytes, ALIAS 0), as a reshape in a real log."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    out, view = [], set()
+    for line in lines:
+        r = json.loads(line)
+        if r["INSTRUCTION"] == "CALL" and len(r["RESULT"]) == 1 and rng.random() < 0.35:
+            view.add(r["RESULT"][0])
+        elif r["INSTRUCTION"] == "MEMORY" and r["NAME"] in view:
+            r["MEMORY"] = "0"
+        elif r["INSTRUCTION"] == "ALIAS" and r["NAME"] in view:
+            r["ALIAS"] = "0"
+        out.append(json.dumps(r))
+    return out
+
+
+def test_tail_after_infeasibility_issues_the_planners_ops():
+    # After the first infeasible step the rest of the route is issued by a lean
+    # pass (no stamps, pins, pool or regions: nothing is evicted any more).  Its
+    # ops, stats and reason equal those of the planner's own compute and free
+    # with an infinite capacity: on random DAGs and chains below and just above
+    # the lower bound (pinned steps, thrashing), and on op logs with views and
+    # several results per op.
+    from snsim.importers import dtr_log
+    from snsim.trace.io import from_dict
+
+    graphs = [Graph(synth.random_dag(seed, 10 + seed % 19)) for seed in range(30)]
+    graphs += [Graph(synth.chain(n)) for n in (60, 200)]
+    for seed in range(20):
+        lines, _ = random_log(seed, 14 + seed % 9)
+        if seed % 2:
+            lines = _with_views(lines, seed)
+        log = dtr_log.parse(lines, f"r{seed}.log")
+        graphs.append(Graph(from_dict(dtr_log.to_document(log, f"r{seed}.log"))))
+    assert sum(any(layer.extra.get("alias_of") for layer in g.layers) for g in graphs) >= 5
+    infeasible = thrashing = 0
+    for g in graphs:
+        lb = g.lower_bound_bytes
+        for cap in (lb - 1, lb, int(1.2 * lb), int(1.5 * lb)):
+            for limit in (1.2, 2.0):
+                got = plan_dtr_ops(g, cap, thrash_limit=limit)
+                want = _planner_tail_ops(g, cap, thrash_limit=limit)
+                assert got == want, (g.trace.model, cap, limit)
+                infeasible += got[2] is not None
+                thrashing += (got[2] or "").startswith("thrashing")
+                verify(g, Schedule("dtr", got[0], cap, got[1], got[2]))
+    assert infeasible >= 100 and thrashing >= 20, (infeasible, thrashing)

@@ -452,8 +452,8 @@ class Planner(Chooser):
         if t in self.pool.slot:
             self.pool.drop(t)
         if t[0] not in ("S", "G", "P"):
-            for v in self.views[j]:   # a view goes with its storage
-                if ("X", v) in res:
+            for v in self.views[j]:   # a view goes with its storage (not with another result)
+                if ("X", v) in res and t in self.storage.get(("X", v), (t,)):
                     self.free(("X", v))
             nd = self.node_of.get(t)
             if nd is not None and j and j not in self.views_of and self.horizon[nd] > self.pos:
@@ -621,14 +621,15 @@ def _run_route(graph: Graph, d: Planner) -> Planner:
     for p, step in enumerate(graph.route):
         d.pos = p
         d.compute(step)
-        if d.reason is not None and reason is None:
+        if d.reason is not None:
             # Infeasible: no more eviction decisions.  The rest of the route is
             # issued as it comes, missing inputs recomputed, without a budget,
             # so the schedule stays whole (the executor and validate can run it)
             # and the rest costs one linear pass.
             reason, d.reason = d.reason, None
             d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
-            d.compute(step)
+            _run_tail(graph, d, p, frees)
+            break
         for t in frees[p]:
             if t in d.resident and not d.view_stays(t):
                 d.free(t)
@@ -640,6 +641,72 @@ def _run_route(graph: Graph, d: Planner) -> Planner:
             d.free(t)
     d.infeasible = reason
     return d
+
+
+def _run_tail(graph: Graph, d: Planner, start: int, frees) -> None:
+    """The route from step ``start`` on without a budget (after the first
+    infeasible step): the ops :meth:`Planner.compute` and ``free`` issue with
+    an infinite capacity (each missing input made depth first, its chain
+    before the next input; a recompute of a layer with evicted saved extras
+    frees its resident output first; views freed with their storage), without
+    what only eviction choices read (stamps, pins, the pool, the regions and
+    their bounds): nothing is evicted any more, so that bookkeeping is dead.
+    ``tests/test_dtr.py`` checks the ops equal the planner's own."""
+    res, needs = d.resident, d.needs
+    ops, free_op, compute_op = d.ops, d.op_tables.free, d.op_tables.compute
+    views, storage, with_extras, data_layers = d.views, d.storage, d.with_extras, d.data_layers
+    allocs_of = graph.allocs
+
+    def free(t: Tensor) -> None:
+        if d.keep_data and t[0] == "X" and t[1] in data_layers:
+            d.kept_data.add(t)
+            return
+        del res[t]
+        ops.append(free_op[t])
+        if t[0] not in ("S", "G", "P"):
+            for v in views[t[1]]:
+                if ("X", v) in res and t in storage.get(("X", v), (t,)):
+                    free(("X", v))
+
+    def run(step: Step, want: Tensor) -> None:
+        allocs = allocs_of(step)
+        ops.append(compute_op[step])
+        if step[0] == "R":
+            d.remat_ms += graph.step_ms(step)
+            if step[1] in data_layers:
+                d.remade_data = True
+        else:
+            for t in allocs:
+                res[t] = 0.0
+            return
+        for t in allocs:
+            if t not in res:
+                res[t] = 0.0
+
+    def enter(step: Step, want: Tensor) -> list:
+        if step[0] == "R" and step[1] in with_extras and ("X", step[1]) in res:
+            free(("X", step[1]))
+        return [step, [t for t in needs[step] if t not in res], 0, want]
+
+    route = graph.route
+    for p in range(start, len(route)):
+        step = route[p]
+        stack = [enter(step, ("X", step[1]))]
+        while stack:
+            frame = stack[-1]
+            missing, k = frame[1], frame[2]
+            while k < len(missing) and missing[k] in res:
+                k += 1
+            frame[2] = k
+            if k < len(missing):
+                stack.append(enter(("R", missing[k][1]), missing[k]))
+                continue
+            stack.pop()
+            run(frame[0], frame[3])
+        for t in frees[p]:
+            if t in res and not d.view_stays(t):
+                free(t)
+    d.pos = len(route) - 1
 
 
 @register("dtr", "dynamic eviction by cost/(size x staleness), recompute on demand", order=70)
