@@ -1,5 +1,6 @@
 """One point of the evaluation: plan a policy on a graph under a budget, verify
-the schedule against the ledger, simulate it.
+the schedule against the ledger, simulate it (a plan its planner declared
+infeasible is not verified: the simulator does not replay it).
 
 This is the one copy of that sequence; the CLI (``simulate``), the validation
 runner, the capacity searches, the sweeps and the benchmarks call it.  The
@@ -49,7 +50,8 @@ def evaluate(graph: Graph, policy: str, budget_bytes: int | None = None, *,
              record: bool = False, options: Mapping[str, Any] | None = None,
              context=None) -> Evaluation:
     """Plan ``policy`` (a registered name) for ``graph`` under ``budget_bytes``
-    (None: the trace device's memory), verify, simulate.
+    (None: the trace device's memory), verify, simulate (a plan its planner
+    declared infeasible is not verified: the simulator does not replay it).
 
     ``context`` is a :class:`~snsim.policies.base.PlanContext` to share between
     policies of one graph and budget (planners cache their analysis on it).
@@ -68,7 +70,11 @@ def evaluate(graph: Graph, policy: str, budget_bytes: int | None = None, *,
     try:
         t0 = time.perf_counter()
         schedule = policies.plan(policy, ctx)
-        verify(graph, schedule)
+        if schedule.infeasible_reason is None:
+            # what is simulated is verified first; an infeasible plan is not
+            # replayed (its record is the reason and the planner's stats), and
+            # whatever runs it (the executor, ``snsim schedule``) checks it then
+            verify(graph, schedule)
         t1 = time.perf_counter()
         result = simulate(graph, schedule, budget_bytes, record=record)
         t2 = time.perf_counter()
