@@ -712,3 +712,44 @@ def test_tail_after_infeasibility_issues_the_planners_ops():
                 thrashing += (got[2] or "").startswith("thrashing")
                 verify(g, Schedule("dtr", got[0], cap, got[1], got[2]))
     assert infeasible >= 100 and thrashing >= 20, (infeasible, thrashing)
+
+
+def test_chain_caps_the_neighbourhood():
+    # ``chain`` (an option, off by default): a candidate whose regions hold more
+    # than ``chain`` evicted layers costs inf.  Checked at every eviction against
+    # regions searched from scratch (layers are nodes on these graphs).
+    class ChainChecked(Planner):
+        seen = 0
+
+        def victim(self):
+            g, ev = self.g, self.evicted
+            up = {j: set(g.layers[j].inputs) for j in range(g.n)}
+            down = {j: set(g.consumers[j]) for j in range(g.n)}
+
+            def region(j, links):
+                seen, todo = set(), [k for k in links[j] if k in ev]
+                seen.update(todo)
+                while todo:
+                    for q in links[todo.pop()]:
+                        if q in ev and q not in seen:
+                            seen.add(q)
+                            todo.append(q)
+                return seen
+
+            for t in self.resident:
+                if t in self.pool.slot:
+                    j, both = self.cand_node[t], t[0] != "S"
+                    size = len(region(j, up) | (region(j, down) if both else set()))
+                    assert self.region_size(j, both) == size
+                    capped = self.cost(j, both)
+                    assert (capped == math.inf) == (size > 0 and 1 + size > self.chain)
+                    ChainChecked.seen += size > 2
+            return super().victim()
+
+    for seed in range(12):
+        g = Graph(synth.random_dag(seed, 24))
+        for cap in _budgets(g, 3)[1:]:
+            ops, stats, reason = plan_dtr_ops(g, cap, chain=3, planner=ChainChecked,
+                                              thrash_limit=100.0)
+            verify(g, Schedule("dtr", ops, cap, stats, reason))
+    assert ChainChecked.seen > 20, ChainChecked.seen

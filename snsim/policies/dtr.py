@@ -124,6 +124,9 @@ RESCORE = None
 SETTLE_LIMIT = 256
 SETTLE_DOWN = 64
 
+# a node's tag while it is not evicted: above every walk number (cost's searches)
+NOT_EVICTED = 1 << 62
+
 # score(cost_ms, size_bytes, staleness_ms) -> float; the smallest is evicted.
 Heuristic = Callable[[float, int, float], float]
 HEURISTICS: dict[str, Heuristic] = {
@@ -226,6 +229,9 @@ class Planner(Chooser):
         # (a list indexed by node: cheaper than sets in the inner loops)
         self.is_evicted = [False] * len(self.nfwd)
         self.mark = [0] * len(self.nfwd)
+        # per node for :meth:`cost`'s searches: NOT_EVICTED, or (evicted) the last
+        # walk that reached it, so one test says "evicted and not seen by this walk"
+        self.tag = [NOT_EVICTED] * len(self.nfwd)
         self.walks = 0
         self.returned: list[int] = []
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
@@ -267,6 +273,7 @@ class Planner(Chooser):
         if j not in self.evicted:
             self.evicted.add(j)
             self.is_evicted[j] = True
+            self.tag[j] = 0
             self.expiry.setdefault(self.horizon[j], []).append(j)
             self.near_bounds(j, 1.0)
 
@@ -298,6 +305,7 @@ class Planner(Chooser):
         if j in self.evicted:
             self.evicted.discard(j)
             self.is_evicted[j] = False
+            self.tag[j] = NOT_EVICTED
             self.returned.append(j)
             self.near_bounds(j, -1.0)
 
@@ -375,35 +383,48 @@ class Planner(Chooser):
         have more than ``chain`` layers.  The search stops once the sum exceeds
         ``limit``: the partial sum (above ``limit``) is then returned, a lower
         bound of the cost."""
-        ev, mark, nfwd = self.is_evicted, self.mark, self.nfwd
+        tag, nfwd = self.tag, self.nfwd
         total = nfwd[j]
-        count = 0
+        searched = False
         for links in ((self.up, self.down) if both else (self.up,)):
             self.walks += 1
             walk = self.walks
             stack = []
             for k in links[j]:
-                if ev[k] and mark[k] != walk:
-                    mark[k] = walk
+                if tag[k] < walk:   # evicted, not yet seen by this walk
+                    tag[k] = walk
                     stack.append(k)
             if not stack:
                 continue
+            searched = True
             push, pop = stack.append, stack.pop
-            seen = len(stack)
             while stack:
                 k = pop()
                 total += nfwd[k]
                 if total > limit:
                     return total
                 for q in links[k]:
-                    if ev[q] and mark[q] != walk:
-                        mark[q] = walk
+                    if tag[q] < walk:
+                        tag[q] = walk
                         push(q)
-                        seen += 1
-            count += seen
-        if count and 1 + count > self.chain:
+        if searched and self.chain < math.inf and 1 + self.region_size(j, both) > self.chain:
             return math.inf
         return total
+
+    def region_size(self, j: int, both: bool) -> int:
+        """How many evicted nodes :meth:`cost` reaches from node j (for ``chain``)."""
+        tag, count = self.tag, 0
+        for links in ((self.up, self.down) if both else (self.up,)):
+            self.walks += 1
+            walk = self.walks
+            stack = [j]
+            while stack:
+                for q in links[stack.pop()]:
+                    if tag[q] < walk:
+                        tag[q] = walk
+                        stack.append(q)
+                        count += 1
+        return count
 
     def make_room(self, need: int, step: Step) -> None:
         if self.level + need <= self.cap:
