@@ -40,32 +40,41 @@ class Chooser:
         return self.score(cost, size, stale) if stale > 0 and cost < math.inf \
             else math.inf
 
-    def first(self, lb: np.ndarray, slots) -> tuple[float, int] | None:
+    def first(self, lb: np.ndarray, slots) -> tuple[float, int, float | None] | None:
         """The smallest exact score among ``slots`` (pool slots, ``lb`` their lower
         bounds, raised here where a search stopped, set to the score where
-        scored) and its index in ``slots``, best first: the candidate with the
+        scored), its index in ``slots``, and the smallest of the other bounds
+        when known (None: not known), best first: the candidate with the
         smallest bound is scored with its search cut at the next smallest bound
         (or at twice its own, so that a candidate searched again searches at
         least twice as far), its bound raised if cut, until the smallest bound
-        is an exact score.  None if no score is finite."""
+        is an exact score.  None if no score is finite.  One ``argmin`` per
+        candidate scored: the smallest bound after one is rescored is it or the
+        next smallest found before (of equal ones the first, as ``argmin``)."""
         pool, inf = self.pool, math.inf
         done: set[int] = set()
+        q = int(lb.argmin())
+        low = float(lb[q])
+        second = None   # the smallest other bound, once known
         while True:
-            q = int(lb.argmin())
-            low = float(lb[q])
             if low == inf:
                 return None
             if q in done:
-                return low, q
+                return low, q, second
             lb[q] = inf
-            nxt = float(lb[lb.argmin()])
+            q2 = int(lb.argmin())
+            nxt = float(lb[q2])
             cut = max(nxt, 2.0 * low) if nxt < inf else inf
             h = self.exact(pool.t[slots[q]], cut)
             if h <= cut or h == inf:
                 done.add(q)
-                lb[q] = h
             else:
-                lb[q] = max(low, h)
+                h = max(low, h)
+            lb[q] = h
+            if h < nxt or (h == nxt and q < q2):
+                low, second = h, nxt
+            else:
+                q, low, second = q2, nxt, None
 
     def best(self, candidates) -> Tensor | None:
         """The unpinned tensor of ``candidates`` (pool slots) with the smallest
@@ -148,14 +157,16 @@ class Chooser:
         if found is None:   # all pinned or scoring inf: the latest evictable, as a scan
             free = np.flatnonzero(pool.P[:n] == 0.0)
             return pool.t[int(free[E[free].argmax()])] if len(free) else None
-        h, i = found
+        h, i, second = found
         # every slot whose bound does not exceed the best exact score found: the
         # smallest score, of equal ones the latest evictable (simrd's scan, so it
         # never depends on which costs happen to be cached)
         tie = h * (1.0 + 1e-9)
-        lb[i] = math.inf   # ``first`` leaves ``h`` the smallest bound: is another as small?
-        alone = lb[lb.argmin()] > tie
-        lb[i] = h
+        if second is None:   # ``first`` leaves ``h`` the smallest bound: is another as small?
+            lb[i] = math.inf
+            second = lb[lb.argmin()]
+            lb[i] = h
+        alone = second > tie
         below = () if alone else np.flatnonzero(lb <= tie)
         if len(below) > 1:
             self.rescored += 1
