@@ -561,13 +561,16 @@ class Planner(Chooser):
         info = self.step_info.get(step)
         if info is None:   # what the graph says of the step, once (ops are immutable)
             g = self.g
-            info = self.step_info[step] = (g.allocs(step), g.param_grad_bytes(step),
+            allocs = g.allocs(step)
+            info = self.step_info[step] = (allocs, g.param_grad_bytes(step),
                                            g.workspace_bytes(step), g.step_ms(step),
-                                           self.op_tables.compute[step])
-        allocs, born, ws, ms, op = info   # born: set-to-none grads, resident from here on
+                                           self.op_tables.compute[step],
+                                           sum(sizes[t] for t in allocs))
+        # born: set-to-none grads, resident from here on; every result's bytes
+        allocs, born, ws, ms, op, all_bytes = info
         res = self.resident
         if step[0] == "R":
-            need = sum(sizes[t] for t in allocs)
+            need = all_bytes
         else:
             need = sum(sizes[t] for t in allocs if t not in res)
         self.make_room(need + born + ws, step)

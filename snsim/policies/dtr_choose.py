@@ -27,18 +27,22 @@ class Chooser:
         cost is kept as the pool's lower bound.  With ``below`` (a score) the
         search for its cost may stop once the score is certain to exceed it:
         the score returned is then a lower bound above ``below``."""
-        j = self.cand_node[t]
+        inf = math.inf
         stale = self.clock - self.resident[t]
         size = self.nbytes[t]
-        limit = math.inf
-        if below < math.inf and stale > 0 and self.cost_at is not None:
-            limit = self.cost_at(below, size, stale) * (1.0 + 1e-9)
-        cost = self.cost(j, t[0] != "S", limit)
-        i = self.pool.slot.get(t)
-        if i is not None and cost < math.inf:
-            self.pool.cached(i, cost)
-        return self.score(cost, size, stale) if stale > 0 and cost < math.inf \
-            else math.inf
+        limit = inf
+        if below < inf and stale > 0:
+            cost_at = self.cost_at
+            if cost_at is not None:
+                limit = cost_at(below, size, stale) * (1.0 + 1e-9)
+        cost = self.cost(self.cand_node[t], t[0] != "S", limit)
+        if cost == inf:
+            return inf
+        pool = self.pool
+        i = pool.slot.get(t)
+        if i is not None:
+            pool.K[i] = cost   # the pool's cached cost
+        return self.score(cost, size, stale) if stale > 0 else inf
 
     def first(self, lb: np.ndarray, slots) -> tuple[float, int, float | None] | None:
         """The smallest exact score among ``slots`` (pool slots, ``lb`` their lower

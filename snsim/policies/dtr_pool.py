@@ -79,9 +79,6 @@ class Pool:
             self.A[k], self.K[k], self.N[k], self.S[k], self.P[k], self.E[k] = (
                 self.A[n], self.K[n], self.N[n], self.S[n], self.P[n], self.E[n])
 
-    def cached(self, i: int, cost: float) -> None:
-        self.K[i] = cost
-
     def bounds(self, score, clock: float, at: np.ndarray | None = None) -> np.ndarray:
         """Per slot (or per slot of ``at``), ``score`` with the larger of the cached
         cost and the neighbours' bound (``N``) as the cost: a lower bound of the true score for a
