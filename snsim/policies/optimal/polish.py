@@ -116,11 +116,48 @@ def drop(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
     return [o for i, o in enumerate(ops) if i not in drop]
 
 
+def trim(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
+    """``ops`` without the recomputation at index ``r``: of the tensors it makes,
+    those a compute reads before their next free are kept instead (their
+    last free before ``r`` removed, as :func:`undo`), the others were made
+    for nothing (their next free removed, as :func:`drop`).  A batch norm
+    recomputed only for its saved statistics (kilobytes) remakes its whole
+    output (ResNet-50 b32: 106 MB, 0.93 ms) that nothing reads before it is
+    freed again; undoing would keep both.  None when the plan does not have
+    that shape (the ledger's walk refuses the rest)."""
+    out = {r}
+    for t in g.allocs_map[ops[r].step]:
+        nxt = None
+        read = False
+        for k in range(r + 1, len(ops)):
+            o = ops[k]
+            if type(o) is Free and o.tensor == t:
+                nxt = k
+                break
+            if type(o) is Compute and t in g.needs_map.get(o.step, ()):
+                read = True
+                break
+            if getattr(o, "tensor", None) == t:
+                break
+        if read:
+            frees = last_frees(g, ops, r)
+            if frees is None:
+                return None
+            out.add(frees[t])
+        elif nxt is not None:
+            out.add(nxt)
+        else:
+            return None
+    return [o for i, o in enumerate(ops) if i not in out]
+
+
 def variants(g: Graph, ops: list[Op], r: int):
     """The plans :func:`polish` tries for the recomputation at ``r``: dropped,
-    undone, then swapped with the prefetch 1, 2, 4 or 8 computes ahead."""
+    undone, trimmed (the part read kept, the rest dropped), then swapped with
+    the prefetch 1, 2, 4 or 8 computes ahead."""
     yield drop(g, ops, r)
     yield undo(g, ops, r)
+    yield trim(g, ops, r)
     for back in (1, 2, 4, 8):
         yield swap(g, ops, r, back)
 
