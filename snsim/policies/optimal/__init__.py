@@ -55,6 +55,7 @@ from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.optimal.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
+from snsim.policies.optimal.variants import best_variant
 from snsim.schedule.ops import Schedule
 
 TIME_LIMIT_S = 60.0
@@ -67,6 +68,8 @@ MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
 POLISH_S = 5.0         # at most this long polishing a plan (polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
+VARIANT_S = 15.0       # at most this long on superneurons' variants (variants.py) ...
+VARIANT_SHARE = 0.25   # ... and at most this share of the time limit
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -204,6 +207,12 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if plans:
         ms, name, s = plans[0]
         ms, ops, undone = polish(g, cap, s.ops, ms, polish_s)
+        if ms > trivial * (1 + 1e-12):
+            got = best_variant(g, cap, ms, min(VARIANT_S, VARIANT_SHARE * time_limit),
+                               polish_s, s.ops)
+            if got is not None:
+                ms, stats["variant"], ops, undone = got
+                name, undone = "superneurons", max(1, undone)
         if undone:
             stats["polished"] = undone
             plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))

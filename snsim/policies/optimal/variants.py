@@ -1,0 +1,83 @@
+"""More plans to polish: ``superneurons`` under knob settings it does not keep
+(a primal heuristic of ``optimal``; it proves nothing).
+
+``superneurons`` keeps the fastest of its candidates (recompute until a
+share of the layers, a cache of a share of the budget, a prefetch distance,
+checkpoints by kind or by cost) and :mod:`.polish` then undoes, trims or
+swaps that plan's recomputations.  The fastest candidate is not the one
+that polishes best: one that recomputes more, or prefetches farther, leaves
+the polish more to take back where the budget allows.  On K40c ResNet-50
+b32 (time / compute, its plan polished -> the best variant polished):
+3x 1.0161 -> 1.0128 (a 97% cache, 32 ahead), 2x 1.0488 -> 1.0337 (recompute
+the first quarter, 97% cache, 8 ahead), 1.5x 1.0826 -> 1.0795 (the first
+3/8).  So every setting of :data:`UNTIL` x :data:`SHARES` x :data:`AHEAD` x
+both checkpoint rules is planned (well under a second there), and the
+fastest are polished, fastest first, while the time lasts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+from snsim.graph import Graph
+from snsim.policies import layers, replay
+from snsim.policies.optimal.polish import polish
+from snsim.policies.superneurons import WIDE_LIMIT, cheap_checkpoints, planned
+
+UNTIL = (1.0, 0.75, 0.5, 0.375, 0.25, 0.125)
+SHARES = (1.0, 0.97)
+AHEAD = (4, 8, 16, 32)
+
+
+def variant_plans(g: Graph, cap: int, seconds: float) -> list:
+    """[(ms, label, ops)] of the cost-aware ``superneurons`` plans over the grid
+    that fit ``cap``, fastest first, one per distinct plan, planned within
+    about ``seconds``; none above ``superneurons.WIDE_LIMIT`` layers (it plans
+    one setting there)."""
+    if g.n > WIDE_LIMIT:
+        return []
+    t0 = time.perf_counter()
+    keep = layers.checkpoints(g)
+    rules = [("kind", keep)]
+    cheap = cheap_checkpoints(g, keep)
+    if cheap != keep:
+        rules.append(("cost", cheap))
+    found, seen = [], set()
+    for (rule, kp), until, share, ahead in itertools.product(rules, UNTIL, SHARES, AHEAD):
+        if time.perf_counter() - t0 > seconds:
+            break
+        ops, _, cache = planned(g, int(cap * share), "cost-aware", kp, ahead, until)
+        if cache.reason is not None:
+            continue
+        key = tuple(ops)
+        if key in seen:
+            continue
+        seen.add(key)
+        ms = replay.estimate_ms(g, ops, cap)
+        if ms < math.inf:
+            found.append((ms, f"until={until} share={share} ahead={ahead} checkpoints={rule}",
+                          ops))
+    return sorted(found, key=lambda x: x[0])
+
+
+def best_variant(g: Graph, cap: int, ms: float, seconds: float, per_plan: float,
+                 skip: list = ()):
+    """(ms, label, ops, changed) of the fastest variant, polished, if faster than
+    ``ms``; else None.  Within about ``seconds`` in all, at most ``per_plan``
+    polishing each; a variant whose ops are ``skip`` (the plan already
+    polished) is not polished again."""
+    t0 = time.perf_counter()
+    best = None
+    skip = list(skip)
+    for vms, label, ops in variant_plans(g, cap, seconds / 4):
+        if ops == skip:
+            continue
+        left = seconds - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        got, pops, changed = polish(g, cap, ops, vms, min(per_plan, left))
+        if got < ms - 1e-9 and (best is None or got < best[0]):
+            best = (got, label, pops, changed)
+    return best
