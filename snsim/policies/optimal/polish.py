@@ -211,10 +211,10 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key
                 ledger.walk(g, replay.with_optimizer_step(g, new))
             except ScheduleError:
                 continue
-            if replay.planned_peak(g, new, cap)[1] is not None:
-                continue
-            t = replay.estimate_ms(g, new, cap)
-            if t < ms - 1e-9 and (better is None or t < better[0]):
+            # exact up to the time to beat; a slower plan's estimate stops early
+            t = replay.estimate_ms(g, new, cap, ms if better is None else better[0])
+            if t < ms - 1e-9 and (better is None or t < better[0]) \
+                    and replay.planned_peak(g, new, cap)[1] is None:
                 better = (t, new)
         if better is not None:
             ms, ops = better
