@@ -8,8 +8,12 @@ with HiGHS, as a reference the heuristics are measured against.
 * :mod:`.start`: a heuristic's plan read as the model's binaries (the warm
   start: the first heuristic plan, fastest first, that is in the class and
   satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``);
-* :mod:`.polish`: the best plan's recomputations dropped, undone or swapped
-  where that is faster (``source`` ``<name>+polish``, ``stats["polished"]``).
+* :mod:`.polish`: the best plan's recomputations dropped, undone, trimmed or
+  swapped where that is faster (``source`` ``<name>+polish``,
+  ``stats["polished"]``);
+* :mod:`.variants`: ``superneurons`` under its other knob settings, polished,
+  fastest first, within ``VARIANT_S``; the fastest kept when it beats that
+  (``stats["variant"]``, ``source`` ``superneurons+polish``).
 
 With a heuristic plan, the MILP is searched only for faster plans
 (:func:`capped`: its time caps the makespan; status ``cutoff`` when the
@@ -207,14 +211,16 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if plans:
         ms, name, s = plans[0]
         ms, ops, undone = polish(g, cap, s.ops, ms, polish_s)
+        got = None
         if ms > trivial * (1 + 1e-12):
             got = best_variant(g, cap, ms, min(VARIANT_S, VARIANT_SHARE * time_limit),
                                polish_s, s.ops)
-            if got is not None:
-                ms, stats["variant"], ops, undone = got
-                name, undone = "superneurons", max(1, undone)
+        if got is not None:
+            ms, stats["variant"], ops, undone = got
+            name = "superneurons"
         if undone:
             stats["polished"] = undone
+        if undone or got is not None:
             plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
