@@ -26,9 +26,11 @@ from snsim.policies import layers, replay
 from snsim.policies.optimal.polish import polish
 from snsim.policies.superneurons import WIDE_LIMIT, cheap_checkpoints, planned
 
-UNTIL = (1.0, 0.75, 0.5, 0.375, 0.25, 0.125)
-SHARES = (1.0, 0.97)
-AHEAD = (4, 8, 16, 32)
+# the grid, planned in this order (until outermost, most promising first:
+# where the time runs out, the rest are left out)
+UNTIL = (0.25, 0.375, 0.125, 0.3, 0.2, 0.5, 0.75, 1.0)
+SHARES = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8)
+AHEAD = (4, 16, 8, 32, 2, 64)
 
 
 def variant_plans(g: Graph, cap: int, seconds: float) -> list:
@@ -45,7 +47,7 @@ def variant_plans(g: Graph, cap: int, seconds: float) -> list:
     if cheap != keep:
         rules.append(("cost", cheap))
     found, seen = [], set()
-    for (rule, kp), until, share, ahead in itertools.product(rules, UNTIL, SHARES, AHEAD):
+    for until, share, ahead, (rule, kp) in itertools.product(UNTIL, SHARES, AHEAD, rules):
         if time.perf_counter() - t0 > seconds:
             break
         ops, _, cache = planned(g, int(cap * share), "cost-aware", kp, ahead, until)
@@ -71,7 +73,7 @@ def best_variant(g: Graph, cap: int, ms: float, seconds: float, per_plan: float,
     t0 = time.perf_counter()
     best = None
     skip = list(skip)
-    for vms, label, ops in variant_plans(g, cap, seconds / 4):
+    for vms, label, ops in variant_plans(g, cap, seconds / 2):
         if ops == skip:
             continue
         left = seconds - (time.perf_counter() - t0)
