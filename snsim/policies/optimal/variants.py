@@ -5,14 +5,20 @@
 share of the layers, a cache of a share of the budget, a prefetch distance,
 checkpoints by kind or by cost) and :mod:`.polish` then undoes, trims or
 swaps that plan's recomputations.  The fastest candidate is not the one
-that polishes best: one that recomputes more, or prefetches farther, leaves
-the polish more to take back where the budget allows.  On K40c ResNet-50
-b32 (time / compute, its plan polished -> the best variant polished):
-3x 1.0161 -> 1.0128 (a 97% cache, 32 ahead), 2x 1.0488 -> 1.0337 (recompute
-the first quarter, 97% cache, 8 ahead), 1.5x 1.0826 -> 1.0795 (the first
-3/8).  So every setting of :data:`UNTIL` x :data:`SHARES` x :data:`AHEAD` x
-both checkpoint rules is planned (well under a second there), and the
-fastest are polished, fastest first, while the time lasts.
+that polishes best: one that recomputes more, or caches less (a smaller
+cache evicts earlier, where the copy engines are idle: superneurons' note
+5), leaves the polish more to take back.  On
+K40c ResNet-50 b32 (time / compute, its own plan polished -> the best
+variant polished, in ``optimal``'s 60 s): 3x 1.0161 -> 1.0090 (the first
+1/8 recomputed, an 85% cache, 16 ahead), 2x 1.0488 -> 1.0252 (the first
+fifth, checkpoints by cost, 8 ahead), 1.5x 1.0826 -> 1.0730 (the first
+30%, by cost, 4 ahead).  With superneurons' own grid (until 1, 1/2, 1/4;
+caches of 97% and all; 4 and 16 ahead) plus 8 and 32 ahead they were
+1.0128 / 1.0337 / 1.0795.  So every setting of :data:`UNTIL` x
+:data:`SHARES` x :data:`AHEAD` x both checkpoint rules is planned (576, 2 s
+of CPU on ResNet-50, 7-8 s on Inception-v4 and ResNet-152, where the time
+may cut the grid: it is planned most promising first), and the fastest are
+polished, fastest first, while the time lasts.
 """
 
 from __future__ import annotations
