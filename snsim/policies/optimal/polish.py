@@ -9,8 +9,9 @@ the tensors then live from their previous existence to the frees the plan
 already has after the recomputation.  Or they are swapped instead: offloaded
 after the compute that made them, freed where the plan freed them,
 prefetched a few computes ahead of the recomputation and waited for where
-it was.  Or, when nothing reads what it remakes any more, it is dropped.
-Each change is kept only if the plan
+it was.  Or, when nothing reads what it remakes any more, it is dropped;
+or trimmed: what a compute reads before its next free is kept, the rest
+dropped (a batch norm remade only for its saved statistics).  Each change is kept only if the plan
 still passes the ledger's rules, fits the capacity (every free counted as
 immediate, :func:`replay.planned_peak`) and is faster by the simulator's
 rules (:func:`replay.estimate_ms`), so the polished plan is never slower and
