@@ -576,3 +576,43 @@ def test_polish_swaps_where_keeping_does_not_fit():
     got, ops, changed = polish(g, 460, s.ops, replay.estimate_ms(g, s.ops, 460), 5.0)
     assert changed == 2 and got == pytest.approx(7.5)
     assert not any(type(op) is Compute and op.phase == "R" for op in ops)
+
+
+def test_polish_trims_a_recomputation_made_only_for_saved_extras():
+    """A batch norm (X2 100 bytes, saved statistics S2 4 bytes) whose output
+    nothing reads in backward: a plan that frees S2 after F3 and remakes it
+    by R2 (1 ms) before B2, remaking X2 too only to free it again.  Keeping
+    both (undo) does not fit liveness's peak and dropping R2 leaves B2
+    without S2; kept alone (trim) S2 costs 4 bytes: the plan is liveness's
+    again, 1 ms faster, and it verifies and simulates at that time."""
+    from snsim.policies.liveness import liveness_ops
+    from snsim.policies.optimal.polish import polish, trim, undo
+
+    g = Graph(make([
+        L(0, "data", [], 100),
+        L(1, "conv", [0], 100, params=10, fwd=1.0, bwd=2.0, reads=["inputs"]),
+        L(2, "bn", [1], 100, fwd=1.0, bwd=1.0, reads=["inputs"], extra=4),
+        L(3, "act", [2], 100, fwd=0.5, bwd=0.5, reads=["output"]),
+        L(4, "loss", [3], 4, fwd=0.25, bwd=0.25, reads=["inputs"]),
+    ], "bn-chain"))
+    live = liveness_ops(g)
+    top = replay.planned_peak(g, live)[0]
+    free_s2 = live.index(Free(("S", 2)))
+    f3 = live.index(Compute("F", 3))
+    b2 = live.index(Compute("B", 2))
+    assert f3 < b2 and free_s2 > b2
+    ops = (live[:f3 + 1] + [Free(("S", 2))] + live[f3 + 1:b2]
+           + [Compute("R", 2), Free(X(2))] + live[b2:free_s2] + live[free_s2 + 1:])
+    verify(g, Schedule("hand", ops, top))
+    ms = replay.estimate_ms(g, ops, top)
+    assert ms == pytest.approx(replay.estimate_ms(g, live, top) + 1.0)
+    r = ops.index(Compute("R", 2))
+    assert replay.planned_peak(g, undo(g, ops, r), top)[1] is not None   # X2 kept: over
+    got, polished, changed = polish(g, top, ops, ms, 5.0)
+    assert changed == 1 and got == pytest.approx(ms - 1.0)
+    assert polished == trim(g, ops, r)
+    assert not any(type(op) is Compute and op.phase == "R" for op in polished)
+    sched = Schedule("polished", polished, top)
+    verify(g, sched)
+    res = simulate(g, sched, top, record=False)
+    assert res.feasible and res.iteration_ms == pytest.approx(got) and res.peak_bytes <= top

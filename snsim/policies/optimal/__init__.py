@@ -8,8 +8,12 @@ with HiGHS, as a reference the heuristics are measured against.
 * :mod:`.start`: a heuristic's plan read as the model's binaries (the warm
   start: the first heuristic plan, fastest first, that is in the class and
   satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``);
-* :mod:`.polish`: the best plan's recomputations dropped, undone or swapped
-  where that is faster (``source`` ``<name>+polish``, ``stats["polished"]``).
+* :mod:`.polish`: the best plan's recomputations dropped, undone, trimmed or
+  swapped where that is faster (``source`` ``<name>+polish``,
+  ``stats["polished"]``);
+* :mod:`.variants`: ``superneurons`` under its other knob settings, polished,
+  fastest first, within ``VARIANT_S``; the fastest kept when it beats that
+  (``stats["variant"]``, ``source`` ``superneurons+polish``).
 
 With a heuristic plan, the MILP is searched only for faster plans
 (:func:`capped`: its time caps the makespan; status ``cutoff`` when the
@@ -55,6 +59,7 @@ from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.optimal.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
+from snsim.policies.optimal.variants import best_variant
 from snsim.schedule.ops import Schedule
 
 TIME_LIMIT_S = 60.0
@@ -67,6 +72,8 @@ MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
 POLISH_S = 5.0         # at most this long polishing a plan (polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
+VARIANT_S = 10.0       # at most this long on superneurons' variants (variants.py) ...
+VARIANT_SHARE = 0.25   # ... and at most this share of the time limit
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -204,8 +211,16 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if plans:
         ms, name, s = plans[0]
         ms, ops, undone = polish(g, cap, s.ops, ms, polish_s)
+        got = None
+        if ms > trivial * (1 + 1e-12):
+            got = best_variant(g, cap, ms, min(VARIANT_S, VARIANT_SHARE * time_limit),
+                               polish_s, s.ops)
+        if got is not None:
+            ms, stats["variant"], ops, undone = got
+            name = "superneurons"
         if undone:
             stats["polished"] = undone
+        if undone or got is not None:
             plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
