@@ -12,7 +12,14 @@ and the least wall (and CPU) time is kept: on a machine other work shares, the
 other processes only ever add time, so the least of a few runs is the
 figure closest to the idle one (one run per point by default; what a
 planner caches per graph, such as the route's liveness, is then paid in the
-first run only).
+first run only).  The r runs are r rounds over all the points of a depth
+(every policy at both budgets, in the order printed), not r runs of one
+point back to back: a burst of other work on the machine then lands on one
+run of several points, not on every run of one point; and no run starts
+with the caches warm from the same point's previous run, which only the
+shallow traces (whose data fits the CPU's caches) can gain from, and which
+so can steepen a slope.  Each run is still the whole point (plan, verify,
+simulate); no point is dropped.
 With ``--calls`` each point is also run once more under cProfile and the
 slope of its Python function calls (builtins included) over the layers is
 printed: the work done, which the machine's load does not change (a
@@ -82,20 +89,27 @@ def main() -> None:
         gc.collect()
         gc.freeze()
         real.append(g.n)
+        ctxs = {f: PlanContext(g, int(f * g.lower_bound_bytes)) for f in FACTORS}
+        best = {key: [math.inf, math.inf, None] for key in times}   # wall, CPU, feasible
+        for _ in range(max(1, args.repeats)):   # rounds over the depth's points
+            for f in FACTORS:
+                ctx = ctxs[f]
+                for p in pols:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    r = evaluate(g, p, ctx.budget_bytes, context=ctx).result
+                    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+                    b = best[(p, f)]
+                    b[0], b[1], b[2] = min(b[0], dt), min(b[1], dc), r.feasible
+                    del r
         line = []
         for f in FACTORS:
-            budget = int(f * g.lower_bound_bytes)
-            ctx = PlanContext(g, budget)
+            budget = ctxs[f].budget_bytes
+            ctx = ctxs[f]
             for p in pols:
-                dt = dc = math.inf
-                for _ in range(max(1, args.repeats)):
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    r = evaluate(g, p, budget, context=ctx).result
-                    dt = min(dt, time.perf_counter() - t0)
-                    dc = min(dc, time.process_time() - c0)
+                dt, dc, ok = best[(p, f)]
                 times[(p, f)].append(dt)
                 cpus[(p, f)].append(dc)
-                feas[(p, f)].append(r.feasible)
+                feas[(p, f)].append(ok)
                 if args.calls:
                     prof = cProfile.Profile()
                     prof.runcall(evaluate, g, p, budget, context=ctx)
@@ -105,7 +119,7 @@ def main() -> None:
     print()
     print(f"load average {os.getloadavg()[0]:.2f} (2 cores shared: read loaded times as "
           "up to about twice the idle ones)")
-    print(f"plan+verify+simulate wall seconds by depth (least of {args.repeats} run(s) each)"
+    print(f"plan+verify+simulate wall seconds by depth (least of {args.repeats} round(s) each)"
           f"  (layers {real}); slope of log time "
           "over log layers (target <= 1.2); deepest trace (target <= 5 s); beside each, the "
           "same from the process's CPU time (the machine is shared: the wall time counts "

@@ -3,7 +3,7 @@
 Each shortcut has a plain form beside it: records made in C against their
 constructor, the column-wise semantic check against the layer-by-layer loop
 (on randomly broken documents), the per-graph op tables against fresh ops, the
-lower bound's table form against ``least_step_bytes``, the per-graph step
+ledger's shared effects against each op's bytes worked out, the lower bound's table form against ``least_step_bytes``, the per-graph step
 bytes against the per-step sums, an estimate told a limit against the whole one, and the CLI's parser for
 one command against the whole parser.
 """
@@ -21,9 +21,11 @@ import pytest
 from snsim.errors import TraceError
 from snsim.graph import Graph
 from snsim.policies import layers, replay, sequences, superneurons
+from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Wait
 from snsim.trace import io, load
 from snsim.trace.model import Layer, Workspace, make_records
+from snsim.training import override
 
 ROOT = Path(__file__).resolve().parent.parent
 R50 = ROOT / "traces" / "k40c_resnet50_b32.json"
@@ -129,6 +131,36 @@ def test_step_bytes_table_equals_the_per_step_sums(name):
         assert table[phase][i] == g.step_bytes(step) + g.workspace_bytes(step)
         assert g.needs_bytes_table[phase][i] == sum(g.size(t) for t in g.needs(step))
         assert g.alloc_bytes_table[phase][i] == sum(g.size(t) for t in g.allocs(step))
+
+
+@pytest.mark.parametrize("name,grads", [("k40c_resnet50_b32.json", None),
+                                        ("k40c_resnet50_b32.json", "set-to-none"),
+                                        ("cpu_gpt_small_b4.json", None)])
+def test_shared_effects_equal_the_bytes_worked_out(name, grads):
+    """A free releases its tensor's bytes; a step that makes all of its outputs with
+    its first algorithm allocates them (and, set-to-none, its parameters' gradients)
+    and holds its workspace; a step whose workspace the ledger works out from the
+    ops around it (in place, a measured hand-over) has no shared effect."""
+    trace = load(ROOT / "traces" / name)
+    if grads:
+        trace = trace.with_training(override(trace.training, None, grads))
+    g = Graph(trace)
+    assert g.grads_born == bool(grads)
+    frees, steps = ledger.shared_effects(g)
+    assert frees == {t: (0, 0, g.size(t)) for t in g.sizes}
+    shared = 0
+    for phase, i in list(g.route) + [("R", i) for i in range(g.n)]:
+        step = (phase, i)
+        fx = steps[phase][i]
+        if g.plain_workspace[phase][i] is None:
+            assert fx is None
+            continue
+        born = g.param_grad_bytes(step)
+        assert fx == (sum(g.size(t) for t in g.allocs(step)) + born,
+                      g.workspace_bytes(step), 0)
+        shared += 1
+    assert shared > g.n   # most steps have one
+    assert ledger.shared_effects(g) is ledger.shared_effects(g)   # once per graph
 
 
 @pytest.mark.parametrize("factor", [1.05, 1.5, 3.0])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 from typing import Sequence
+from weakref import WeakKeyDictionary
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
@@ -41,6 +42,36 @@ ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
 Effect = tuple  # (alloc_bytes: int, workspace_bytes: int, free_bytes: int)
 _NONE: Effect = (0, 0, 0)
+
+_SHARED: WeakKeyDictionary = WeakKeyDictionary()   # graph -> shared_effects(graph)
+
+
+def shared_effects(graph: Graph) -> tuple[dict, dict]:
+    """The effects that recur in every walk of ``graph``, one tuple each, made once
+    per graph: a ``Free``'s ``(0, 0, size)`` per tensor; per phase (``F``, ``R``,
+    ``B``), each layer's step that allocates all of its outputs (none resident
+    yet) with its first algorithm's plain workspace (``Graph.plain_workspace``;
+    None where the workspace is worked out from the ops around the step).
+
+    A walk appends these instead of a new tuple per op: a deep trace's plan has
+    ~10^5 ops, and its new tuples were memory written once per walk and then
+    visited by the cyclic collector's first pass after the point (to untrack
+    them), a cost that grew faster than the trace (2.5-3x per doubling at 16k
+    to 32k layers) once the walk's data outgrew the CPU caches.
+    """
+    got = _SHARED.get(graph)
+    if got is None:
+        frees = {t: (0, 0, s) for t, s in graph.sizes.items()}
+        all_bytes, plain = graph.alloc_bytes_table, graph.plain_workspace
+        born = graph.born_bytes if graph.grads_born else None
+        steps: dict = {}
+        for phase in graph.step_tables:
+            nb, ws = all_bytes[phase], plain[phase]
+            grads = born if born and phase == "B" else [0] * len(nb)
+            steps[phase] = [None if b is None or w is None else (b + g, w, 0)
+                            for b, w, g in zip(nb, ws, grads)]
+        got = _SHARED[graph] = (frees, steps)
+    return got
 
 
 def walk(graph: Graph, ops: Sequence[Op], policy: str = "?", route: bool = True,
@@ -85,7 +116,9 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     in_place = graph.in_place_of
     plain = graph.plain_workspace
     all_bytes = graph.alloc_bytes_table
-    per_phase = {phase: (needs, allocs, all_bytes[phase], plain[phase], len(needs))
+    free_fx, step_fx = shared_effects(graph)
+    per_phase = {phase: (needs, allocs, all_bytes[phase], plain[phase], len(needs),
+                         step_fx[phase])
                  for phase, (needs, allocs) in graph.step_tables.items()}
     pos = 0
     out: list[Effect] = []
@@ -105,7 +138,7 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                 at = _freed_at(ops, len(out), t)
                 fail(len(out), f"frees {tensor_name(t)}, which it does not hold"
                      + (f" (freed at op {at})" if at is not None else ""))
-            append((0, 0, sizes[t]))
+            append(free_fx[t])
         elif tp is Compute:
             phase, i = op.phase, op.layer
             if optimized is not None:
@@ -158,6 +191,11 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                         fail(len(out), f"needs {tensor_name(t)}, which is not resident")
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
+                if new_bytes is not None and not algo:
+                    fx = table[5][i]   # all made fresh, the plain workspace: shared
+                    if fx is not None:
+                        append(fx)
+                        continue
                 nbytes = sum(map(sizes.__getitem__, allocs)) if new_bytes is None else new_bytes
             else:
                 nbytes = 0
@@ -237,6 +275,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
     tables = {phase: table[1] for phase, table in graph.step_tables.items()}
+    free_fx, step_fx = shared_effects(graph)
     all_bytes = graph.alloc_bytes_table
     size = sizes.__getitem__
     born = graph.born_bytes if graph.grads_born else None
@@ -252,6 +291,12 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
             i = op.layer
             if type(i) is int and i >= 0:
                 allocs, nbytes = tables[phase][i], all_bytes[phase][i]
+                if not op.algo and resident.isdisjoint(allocs):
+                    fx = step_fx[phase][i]   # all made fresh, the plain workspace: shared
+                    if fx is not None:
+                        resident.update(allocs)
+                        yield fx
+                        continue
             else:
                 allocs = allocs_of[(phase, i)]
                 nbytes = sum(map(size, allocs))
@@ -273,7 +318,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
         elif tp is Free:
             t = op.tensor
             resident.discard(t)
-            yield (0, 0, sizes[t])
+            yield free_fx[t]
         elif tp is Prefetch:
             t = op.tensor
             add(t)

@@ -35,6 +35,9 @@ from __future__ import annotations
 import gc
 import itertools
 from collections import deque
+from itertools import repeat
+from operator import is_
+from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
@@ -436,21 +439,36 @@ class Replay:
     def _planned_from(self, k: int, planned: float) -> float:
         """``planned`` plus the durations of the route's steps (not the recomputes)
         from op ``k`` on, added in order (the op loops add up those they ran)."""
-        step_ms = self.g.step_ms
-        for op in itertools.islice(self.schedule.ops, k, None):
-            if type(op) is Compute and op.phase != "R":
-                planned += step_ms(op.step, op.algo)
+        # each step's time with its first algorithm read from the op loops' table
+        # (the same floats as ``Graph.step_ms``, added in the same order): an
+        # infeasible plan adds up all of its ops here, ~10^5 on a deep trace
+        step_ms, plain_ms = self.g.step_ms, self.plain_ms
+        ops = self.schedule.ops
+        kinds = map(is_, map(type, itertools.islice(ops, k, None)), repeat(Compute))
+        for op in itertools.compress(itertools.islice(ops, k, None), kinds):   # in C
+            phase = op.phase
+            if phase != "R":
+                planned += plain_ms[phase][op.layer] if not op.algo \
+                    else step_ms(op.step, op.algo)
         return planned
+
+
+_PLAIN_MS: WeakKeyDictionary = WeakKeyDictionary()   # graph -> _plain_ms(graph)
 
 
 def _plain_ms(graph: Graph) -> dict:
     """Per phase, each layer's step duration with its first algorithm, indexed by
-    layer (``Graph.step_ms(step, 0)``), and the optimizer step's."""
-    layers = graph.layers
-    fwd = [layer.fwd_ms for layer in layers]
-    out: dict = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in layers]}
-    if graph.optimizer_step is not None:
-        out["O"] = {graph.optimizer_step[1]: graph.optimizer_ms}
+    layer (``Graph.step_ms(step, 0)``), and the optimizer step's; made once per
+    graph (read them, never change them): on a deep trace, a pass over every
+    layer object per replay, memory the replay itself does not touch."""
+    out = _PLAIN_MS.get(graph)
+    if out is None:
+        layers = graph.layers
+        fwd = [layer.fwd_ms for layer in layers]
+        out = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in layers]}
+        if graph.optimizer_step is not None:
+            out["O"] = {graph.optimizer_step[1]: graph.optimizer_ms}
+        _PLAIN_MS[graph] = out
     return out
 
 
