@@ -33,12 +33,11 @@ from snsim.trace import load
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def brute_force(p: Planner) -> dict:
-    """tensor -> h, for every resident, unpinned tensor with bytes (not the data
-    layer's): cost = own time + the evicted layers reached through evicted layers
-    upwards (inputs) and, but for saved extras, downwards (consumers): simrd's
-    two regions, searched from scratch."""
-    g, res, pins, ev = p.g, p.resident, p.pins, p.evicted
+def regions(p: Planner):
+    """A plain search of one region: (layer j, up or down links) -> the evicted
+    layers reached from j through evicted layers; and the links (layers are
+    nodes on graphs without views or several results per op)."""
+    g, ev = p.g, p.evicted
     up = {j: set(g.layers[j].inputs) for j in range(g.n)}
     down = {j: set(g.consumers[j]) for j in range(g.n)}
 
@@ -52,6 +51,16 @@ def brute_force(p: Planner) -> dict:
                     todo.append(q)
         return seen
 
+    return region, up, down
+
+
+def brute_force(p: Planner) -> dict:
+    """tensor -> h, for every resident, unpinned tensor with bytes (not the data
+    layer's): cost = own time + the evicted layers reached through evicted layers
+    upwards (inputs) and, but for saved extras, downwards (consumers): simrd's
+    two regions, searched from scratch."""
+    g, res, pins = p.g, p.resident, p.pins
+    region, up, down = regions(p)
     out = {}
     for t, last in res.items():
         j = t[1]
@@ -722,20 +731,7 @@ def test_chain_caps_the_neighbourhood():
         seen = 0
 
         def victim(self):
-            g, ev = self.g, self.evicted
-            up = {j: set(g.layers[j].inputs) for j in range(g.n)}
-            down = {j: set(g.consumers[j]) for j in range(g.n)}
-
-            def region(j, links):
-                seen, todo = set(), [k for k in links[j] if k in ev]
-                seen.update(todo)
-                while todo:
-                    for q in links[todo.pop()]:
-                        if q in ev and q not in seen:
-                            seen.add(q)
-                            todo.append(q)
-                return seen
-
+            region, up, down = regions(self)
             for t in self.resident:
                 if t in self.pool.slot:
                     j, both = self.cand_node[t], t[0] != "S"
