@@ -229,13 +229,12 @@ class Planner(Chooser):
         # the evicted storage nodes: what the regions are made of; those back since
         # the last choice, whose bounds are still to lower (settle)
         self.evicted: set[int] = set()
-        # the same as flags per node, and a visit mark per node for the searches
-        # (a list indexed by node: cheaper than sets in the inner loops)
-        self.is_evicted = [False] * len(self.nfwd)
-        self.mark = [0] * len(self.nfwd)
-        # per node for :meth:`cost`'s searches: NOT_EVICTED, or (evicted) the last
-        # walk that reached it, so one test says "evicted and not seen by this walk"
+        # the same per node (a list indexed by node: cheaper than sets in the inner
+        # loops): NOT_EVICTED, or (evicted) the last walk of :meth:`cost` that
+        # reached it, so one test says "evicted and not seen by this walk"; and a
+        # visit mark per node for the settles' searches, which pass other nodes too
         self.tag = [NOT_EVICTED] * len(self.nfwd)
+        self.mark = [0] * len(self.nfwd)
         self.walks = 0
         self.returned: list[int] = []
         # route index after which a freed X_j leaves the evicted neighbourhoods.  On
@@ -276,7 +275,6 @@ class Planner(Chooser):
         (their cached bounds stay lower bounds: regions only grow)."""
         if j not in self.evicted:
             self.evicted.add(j)
-            self.is_evicted[j] = True
             self.tag[j] = 0
             self.expiry.setdefault(self.horizon[j], []).append(j)
             self.near_bounds(j, 1.0)
@@ -308,7 +306,6 @@ class Planner(Chooser):
         next choice (:meth:`settle`)."""
         if j in self.evicted:
             self.evicted.discard(j)
-            self.is_evicted[j] = False
             self.tag[j] = NOT_EVICTED
             self.returned.append(j)
             self.near_bounds(j, -1.0)
@@ -333,8 +330,8 @@ class Planner(Chooser):
         if not back:
             return
         self.pool.lb = None   # bounds fall
-        ev, cands, pool, nfwd = self.is_evicted, self.cands, self.pool, self.nfwd
-        mark = self.mark
+        tag, cands, pool, nfwd = self.tag, self.cands, self.pool, self.nfwd
+        mark, out = self.mark, NOT_EVICTED
         slot, K = pool.slot, pool.K
         gone = set(back)
         back.clear()
@@ -353,7 +350,7 @@ class Planner(Chooser):
                         mark[q] = walk
                         if cands[q]:
                             found.append(q)
-                        if ev[q]:
+                        if tag[q] != out:   # evicted: the search goes on through it
                             stack.append(q)
                             ms += nfwd[q]
                             budget -= 1
@@ -477,14 +474,21 @@ class Planner(Chooser):
         if t in self.pool.slot:
             self.pool.drop(t)
         if t[0] not in ("S", "G", "P"):
-            for v in self.views[j]:   # a view goes with its storage (not with another result)
-                if ("X", v) in res and t in self.storage.get(("X", v), (t,)):
-                    self.free(("X", v))
+            if self.views[j]:   # most layers have none: no call
+                for v in self.views_going(t):
+                    self.free(v)
             nd = self.node_of.get(t)
             if nd is not None and j and j not in self.views_of and self.horizon[nd] > self.pos:
                 # evicted, or freed while a consumer's output may still be recomputed
                 # through it: part of the evicted neighbourhoods until then
                 self.mark_evicted(nd)
+
+    def views_going(self, t: Tensor) -> list[Tensor]:
+        """The resident views of ``t``'s storage, freed with it (a view goes with
+        its own storage, not with another result of the same op)."""
+        res, storage = self.resident, self.storage
+        return [("X", v) for v in self.views[t[1]]
+                if ("X", v) in res and t in storage.get(("X", v), (t,))]
 
     def view_stays(self, t: Tensor) -> bool:
         """A view the program releases while its storage is resident stays (it has
@@ -655,7 +659,6 @@ def _run_route(graph: Graph, d: Planner) -> Planner:
             # so the schedule stays whole (the executor and validate can run it)
             # and the rest costs one linear pass.
             reason, d.reason = d.reason, None
-            d.cap, d.remat_limit_ms, d.pins = math.inf, math.inf, {}
             _run_tail(graph, d, p, frees)
             break
         for t in frees[p]:
@@ -682,7 +685,7 @@ def _run_tail(graph: Graph, d: Planner, start: int, frees) -> None:
     ``tests/test_dtr.py`` checks the ops equal the planner's own."""
     res, needs = d.resident, d.needs
     ops, free_op, compute_op = d.ops, d.op_tables.free, d.op_tables.compute
-    views, storage, with_extras, data_layers = d.views, d.storage, d.with_extras, d.data_layers
+    views, with_extras, data_layers = d.views, d.with_extras, d.data_layers
     allocs_of = graph.allocs
 
     def free(t: Tensor) -> None:
@@ -691,35 +694,28 @@ def _run_tail(graph: Graph, d: Planner, start: int, frees) -> None:
             return
         del res[t]
         ops.append(free_op[t])
-        if t[0] not in ("S", "G", "P"):
-            for v in views[t[1]]:
-                if ("X", v) in res and t in storage.get(("X", v), (t,)):
-                    free(("X", v))
+        if t[0] not in ("S", "G", "P") and views[t[1]]:
+            for v in d.views_going(t):
+                free(v)
 
-    def run(step: Step, want: Tensor) -> None:
-        allocs = allocs_of(step)
+    def run(step: Step) -> None:
         ops.append(compute_op[step])
         if step[0] == "R":
             d.remat_ms += graph.step_ms(step)
             if step[1] in data_layers:
                 d.remade_data = True
-        else:
-            for t in allocs:
-                res[t] = 0.0
-            return
-        for t in allocs:
-            if t not in res:
-                res[t] = 0.0
+        for t in allocs_of(step):
+            res[t] = 0.0   # resident (no stamp is read any more)
 
-    def enter(step: Step, want: Tensor) -> list:
+    def enter(step: Step) -> list:
         if step[0] == "R" and step[1] in with_extras and ("X", step[1]) in res:
             free(("X", step[1]))
-        return [step, [t for t in needs[step] if t not in res], 0, want]
+        return [step, [t for t in needs[step] if t not in res], 0]
 
     route = graph.route
     for p in range(start, len(route)):
         step = route[p]
-        stack = [enter(step, ("X", step[1]))]
+        stack = [enter(step)]
         while stack:
             frame = stack[-1]
             missing, k = frame[1], frame[2]
@@ -727,10 +723,10 @@ def _run_tail(graph: Graph, d: Planner, start: int, frees) -> None:
                 k += 1
             frame[2] = k
             if k < len(missing):
-                stack.append(enter(("R", missing[k][1]), missing[k]))
+                stack.append(enter(("R", missing[k][1])))
                 continue
             stack.pop()
-            run(frame[0], frame[3])
+            run(frame[0])
         for t in frees[p]:
             if t in res and not d.view_stays(t):
                 free(t)
