@@ -507,6 +507,18 @@ class Graph:
                        if ws else 0)
         return {"F": fwd, "R": fwd, "B": bwd}
 
+    @cached_property
+    def plain_ms(self) -> dict:
+        """Per phase (``F``, ``R``, ``B``), per layer: its step's duration with the
+        first algorithm (``step_ms(step)``); ``O``: the optimizer step's, by layer.
+        Read by the simulator's op loops and the planners' estimates (never
+        change it)."""
+        fwd = [layer.fwd_ms for layer in self.layers]
+        out: dict = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in self.layers]}
+        if self.optimizer_step is not None:
+            out["O"] = {self.optimizer_step[1]: self.optimizer_ms}
+        return out
+
     # ------------------------------------------------------------- analyses
     @cached_property
     def last_use(self) -> dict[Tensor, int]:

@@ -30,14 +30,12 @@ import heapq
 import math
 from itertools import compress, repeat
 from operator import is_
-from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, Step, tensor_name
 from snsim.schedule import ledger
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op
 from snsim.units import fmt_bytes
 
-_STEP_MS: WeakKeyDictionary = WeakKeyDictionary()   # graph -> per-layer fwd / bwd ms
 
 
 def with_optimizer_step(graph: Graph, ops: list[Op]) -> list[Op]:
@@ -87,7 +85,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int, limit: float = math.
     then is above ``limit`` and, up to rounding, a lower bound of it."""
     ops = with_optimizer_step(graph, ops)
     size = graph.sizes
-    fwd_ms, bwd_ms = _step_ms_tables(graph)
+    fwd_ms, bwd_ms = graph.plain_ms["F"], graph.plain_ms["B"]
     dev = graph.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
     now = d2h = h2d = 0.0
@@ -160,7 +158,7 @@ def estimate_ms(graph: Graph, ops: list[Op], capacity: int, limit: float = math.
 
 def _compute_ms(graph: Graph, ops: list[Op]) -> float:
     """The compute steps' time of ``ops``, each with its algorithm (note 3)."""
-    fwd_ms, bwd_ms = _step_ms_tables(graph)
+    fwd_ms, bwd_ms = graph.plain_ms["F"], graph.plain_ms["B"]
     step_ms = graph.step_ms
     total = 0.0
     for op in compress(ops, map(is_, map(type, ops), repeat(Compute))):   # picked in C
@@ -170,13 +168,3 @@ def _compute_ms(graph: Graph, ops: list[Op]) -> float:
         else:
             total += (bwd_ms if phase == "B" else fwd_ms)[op.layer]
     return total
-
-
-def _step_ms_tables(graph: Graph) -> tuple[list[float], list[float]]:
-    """Per layer, its forward and its backward step's time with the first
-    algorithm (``graph.step_ms(step)``), once per graph."""
-    got = _STEP_MS.get(graph)
-    if got is None:
-        got = _STEP_MS[graph] = ([layer.fwd_ms for layer in graph.layers],
-                                 [layer.bwd_ms for layer in graph.layers])
-    return got

@@ -37,7 +37,6 @@ import itertools
 from collections import deque
 from itertools import repeat
 from operator import is_
-from weakref import WeakKeyDictionary
 
 from snsim.graph import Graph, tensor_name
 from snsim.schedule.ledger import effects
@@ -171,7 +170,7 @@ class Replay:
         self.effects = effects(graph, schedule) if schedule.infeasible_reason is None else []
         # each compute step's duration, read by the op loops (``Graph.step_ms``); the
         # planned time of the route's steps, added up by them; any copy or wait?
-        self.plain_ms = _plain_ms(graph)
+        self.plain_ms = graph.plain_ms
         self.planned_ms = 0.0
         self.copies = any(tp.action not in (COMPUTE, RELEASE)
                           for tp in set(map(type, schedule.ops)))
@@ -451,25 +450,6 @@ class Replay:
                 planned += plain_ms[phase][op.layer] if not op.algo \
                     else step_ms(op.step, op.algo)
         return planned
-
-
-_PLAIN_MS: WeakKeyDictionary = WeakKeyDictionary()   # graph -> _plain_ms(graph)
-
-
-def _plain_ms(graph: Graph) -> dict:
-    """Per phase, each layer's step duration with its first algorithm, indexed by
-    layer (``Graph.step_ms(step, 0)``), and the optimizer step's; made once per
-    graph (read them, never change them): on a deep trace, a pass over every
-    layer object per replay, memory the replay itself does not touch."""
-    out = _PLAIN_MS.get(graph)
-    if out is None:
-        layers = graph.layers
-        fwd = [layer.fwd_ms for layer in layers]
-        out = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in layers]}
-        if graph.optimizer_step is not None:
-            out["O"] = {graph.optimizer_step[1]: graph.optimizer_ms}
-        _PLAIN_MS[graph] = out
-    return out
 
 
 def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
