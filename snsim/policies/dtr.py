@@ -190,7 +190,7 @@ class Planner(Chooser):
         self.owed_ms = 0.0
         self.last_use = graph.last_use
         self.rng = np.random.default_rng(seed)
-        self.fwd = [layer.fwd_ms for layer in graph.layers]
+        self.fwd = graph.plain_ms["F"]   # read only
         # a view's storage: pinned with the view, and the view goes when it is evicted
         self.storage: dict[Tensor, tuple[Tensor, ...]] = {}
         for layer in graph.layers:
