@@ -106,6 +106,18 @@ def test_the_answer_is_exact_whatever_the_margin_predicts(synthetic, c, k):
     assert len(set(fam.evaluated)) == len(fam.evaluated)   # no size planned twice
 
 
+def test_an_undershooting_margin_probes_past_its_edge(synthetic):
+    """Recomputation that grows slower than the inverse of the slack: every margin
+    prediction falls short of the answer.  Once a pair's edge has fitted, the
+    next pair starts at the new edge (and goes an eighth past it) instead of an
+    eighth short of it: 17 probes here, 19 with short steps only (dtr at batch
+    16 in 12 GB: 13 probes, 17 before)."""
+    fam = synthetic(3e11, 0.8)
+    res = search("dtr", fam.family(), CAP)
+    assert res.best == fam.answer() and res.first_failing == res.best + 1
+    assert len(res.probes) <= 17, [p.size for p in res.probes]
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_workers_find_the_same_answer(synthetic, workers):
     fam = synthetic(1.2e11, 2.0)

@@ -31,7 +31,10 @@ the true largest size, not the largest tried.  What it probes:
    the margin lasts ``m x slack`` of further bound, which gives a predicted
    last fit ``e``.  The next probe stays an eighth of the way from ``lo`` to
    ``e`` short of it (the prediction's error grows with the distance it
-   extrapolates).  A prediction that the bracket's failure contradicts
+   extrapolates); once a pair's ``e`` has fitted (the margin undershoots, as
+   ``dtr``'s does: it shrinks faster than the slack near the edge), the next
+   pair is ``e`` and an eighth past it instead, until a margin probe fails.
+   A prediction that the bracket's failure contradicts
    (``e >= hi - 1``) is not used, nor one into a bracket of at most
    :data:`SMALL_BRACKET` sizes (near the edge ``dtr``'s recomputation jumps by
    a few sizes' worth, more than an even cut loses), nor a share of the
@@ -40,8 +43,9 @@ the true largest size, not the largest tried.  What it probes:
    the margin said fit, or :data:`MARGIN_STEPS` predictions, end this step;
    then bisection.
 
-The margin step is a pair: the short size, then (if it fits) the edge itself,
-so what comes after the short size does not wait for its row.  A peak line that
+The margin step is a pair: the short size, then (if it fits) the edge itself
+(after an undershoot: the edge, then past it), so what comes after the first
+size does not wait for its row.  A peak line that
 is flat (the peak exactly at the budget) predicts nothing: the prediction is
 turned off at once, not doubled into the bound one size at a time.
 
@@ -352,8 +356,9 @@ class _State:
         self.trust, self.misses, self.tried_top = True, 0, False
         self.edge: int | None = None       # the last fit the margin predicts
         self.margin_misses = self.margin_steps = 0
-        self.then: int | None = None       # the margin's edge, probed next if its
-        #                                    short step fits
+        self.then: int | None = None       # the margin pair's second size, probed
+        #                                    next if its first fits
+        self.undershot = False             # the last margin pair's edge fit
         self.blind = False                 # a guess needed a made-up probe's row
 
     def update(self, p: Probe) -> None:
@@ -363,6 +368,9 @@ class _State:
             self.trust = self.misses < MISSES
         if self.edge is not None and not p.feasible and p.size <= self.edge:
             self.margin_misses += 1
+            self.undershot = False
+        elif self.edge is not None and p.feasible and p.size >= self.edge:
+            self.undershot = True
         if p.feasible:
             self.good = p
         else:
@@ -419,9 +427,15 @@ class _State:
             return (lo + hi) // 2
         self.margin_steps += 1
         edge = max(self.edge, lo)
-        # an eighth of the way to the edge short of it (the error grows with the
-        # distance predicted), then the edge itself if that fits
-        x = max(edge - (edge - lo) // 8, lo + 1)
+        gap = (edge - lo) // 8   # the error grows with the distance predicted
+        if self.undershot:
+            # the last pair's edge fit (a margin that shrinks near the edge, as
+            # dtr's does): the edge, then an eighth of the way past it
+            x = max(edge, lo + 1)
+            self.then = x + max(gap, 1) if x + max(gap, 1) < hi else None
+            return x
+        # an eighth of the way to the edge short of it, then the edge if that fits
+        x = max(edge - gap, lo + 1)
         self.then = edge if edge > x else None
         return x
 
