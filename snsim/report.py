@@ -33,9 +33,10 @@ def comparison_table(results: Sequence[SimResult]) -> str:
             "iteration": fmt_ms(r.iteration_ms) if r.feasible else "-",
             "time/compute": f"{r.iteration_ms / r.compute_ms:.3f}"
             if r.feasible and r.compute_ms else "-",
-            "recompute": fmt_ms(r.recompute_ms),
-            "stall": fmt_ms(r.stall_ms),
-            "offloaded": fmt_bytes(r.d2h_bytes),
+            # a plan its planner gave up on was not replayed: no traffic to show
+            "recompute": fmt_ms(r.recompute_ms) if r.replayed else "-",
+            "stall": fmt_ms(r.stall_ms) if r.replayed else "-",
+            "offloaded": fmt_bytes(r.d2h_bytes) if r.replayed else "-",
             "samples/s": f"{r.samples_per_s:.1f}" if r.feasible else "-",
         })
     table = pd.DataFrame(rows).to_string(index=False)
@@ -50,6 +51,8 @@ def comparison_table(results: Sequence[SimResult]) -> str:
 
 
 def single_table(r: SimResult) -> str:
+    if not r.replayed:
+        return _not_replayed_table(r)
     lines = [
         ("policy", r.policy), ("trace", f"{r.trace} ({r.model}, batch {r.batch})"),
         ("budget", fmt_bytes(r.capacity_bytes) + ("" if r.budget_bytes is not None
@@ -120,3 +123,22 @@ def trace_summary(graph: Graph) -> str:
         by.to_string(),
     ]
     return "\n".join(head)
+
+
+def _not_replayed_table(r: SimResult) -> str:
+    """A plan its planner declared infeasible: the simulator did not replay it, so
+    only the trace's figures and the planner's own counters are known."""
+    lines = [
+        ("policy", r.policy), ("trace", f"{r.trace} ({r.model}, batch {r.batch})"),
+        ("budget", fmt_bytes(r.capacity_bytes) + ("" if r.budget_bytes is not None
+                                                  else " (device memory)")),
+        ("feasible", f"NO: {r.reason}"),
+        ("replayed", "no: the planner gave up, so no peak, time or traffic was simulated"),
+        ("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
+         else "static (+optimizer)", fmt_bytes(r.static_bytes)),
+        ("lower bound", fmt_bytes(r.lower_bound_bytes)),
+        ("compute", fmt_ms(r.compute_ms)),
+    ]
+    lines += [(k, str(v)) for k, v in r.policy_stats.items()]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)

@@ -249,6 +249,32 @@ def test_bug_thrash_limit():
         plan_dtr_ops(g, cap, thrash_limit=1.0)
 
 
+def test_a_plan_its_planner_gave_up_on_is_not_replayed(capsys):
+    """The simulator does not replay a plan dtr declared infeasible: its --json
+    says ``replayed: false`` with no partial time or peak (it said 0 ms and the
+    static bytes, as if the run had stopped at once), the table says so instead
+    of "stopped at 0.000 ms"; a plan that stops in the replay keeps its
+    partial figures."""
+    from snsim.report import comparison_table, single_table
+
+    g = Graph(synth.chain(60))
+    cap = int(1.5 * g.lower_bound_bytes)
+    r = simulate(g, plan("dtr", PlanContext(g, cap)), cap, record=False)
+    assert not r.feasible and not r.replayed and r.reason.startswith("thrashing")
+    d = r.to_dict()
+    assert d["replayed"] is False and d["iteration_ms"] is None
+    assert d["partial_iteration_ms"] is None and d["partial_peak_bytes"] is None
+    text = single_table(r)
+    assert "stopped at" not in text and "no peak, time or traffic" in text
+    row = [ln for ln in comparison_table([r]).splitlines() if ln.strip().startswith("dtr")][0]
+    assert "0.000 ms" not in row
+    stopped = simulate(g, plan("liveness", PlanContext(g, cap)), cap, record=False)
+    assert not stopped.feasible and stopped.replayed
+    d = stopped.to_dict()
+    assert d["replayed"] is True and d["partial_peak_bytes"] == stopped.peak_bytes
+    assert "stopped at" in single_table(stopped)
+
+
 def test_resnet50_time_does_not_grow_with_the_budget():
     # issue 15: 1.615 at 1.4x but 1.632 at 1.5x.  DTR's greedy eviction is not
     # monotone in general (a larger budget changes every later choice), so this

@@ -40,6 +40,16 @@ def test_shipped_trace_numbers_unchanged(trace):
         # keys added after the recording (the training state's) are checked for the
         # meaning a trace without a training record has: no state, no step
         assert (flat.pop("optimizer_state_bytes"), flat.pop("optimizer_ms")) == (0, 0.0), key
+        # an infeasible run's ``replayed`` (added later): a plan its planner gave up
+        # on was recorded with placeholder partial figures (0 ms, the static bytes),
+        # now null; a run that stopped in the replay keeps its recorded ones
+        replayed = flat.pop("replayed", None)
+        assert (replayed is None) == flat["feasible"], key
+        if replayed is False:
+            assert flat["partial_iteration_ms"] is None and flat["partial_peak_bytes"] is None
+            assert recorded["partial_iteration_ms"] == 0.0, key
+            assert recorded["partial_peak_bytes"] == recorded["static_bytes"], key
+            recorded = {**recorded, "partial_iteration_ms": None, "partial_peak_bytes": None}
         assert flat == recorded, key
 
 

@@ -482,4 +482,4 @@ def simulate(graph: Graph, schedule: Schedule, budget_bytes: int | None = None,
         optimizer_ms=graph.optimizer_ms, forward_end_ms=run.forward_end_ms,
         policy_stats=dict(schedule.stats), timeline=tuple(run.timeline),
         intervals=tuple(sorted(run.intervals, key=lambda iv: iv.start_ms)),
-        offload_ends=dict(run.offload_ends))
+        offload_ends=dict(run.offload_ends), replayed=schedule.infeasible_reason is None)

@@ -77,6 +77,9 @@ class SimResult:
     optimizer_state_bytes: int = 0
     optimizer_ms: float = 0.0
     forward_end_ms: float = 0.0
+    # False for a plan its planner declared infeasible: the simulator did not
+    # replay it, so there is no partial time, peak or traffic to report
+    replayed: bool = True
     policy_stats: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[MemoryPoint, ...] = ()
     intervals: tuple[Interval, ...] = ()
@@ -99,6 +102,10 @@ class SimResult:
             d["reason"] = self.reason
             d["partial_iteration_ms"], d["iteration_ms"] = d["iteration_ms"], None
             d["partial_peak_bytes"], d["peak_bytes"] = d["peak_bytes"], None
+            d["replayed"] = self.replayed
+            if not self.replayed:   # nothing ran: no partial figures (the planner's
+                # own counters are in policy_stats)
+                d["partial_iteration_ms"] = d["partial_peak_bytes"] = None
         d["model"] = self.model
         d["batch"] = self.batch
         d["capacity_bytes"] = self.capacity_bytes
