@@ -116,9 +116,13 @@ class Graph:
         # gradient plan, in-place inputs) holds the same object for a tensor, so
         # the hot loops' set and dict lookups find it by identity before comparing
         # tuples (the verifier's walk ~10% faster on ResNet-2500)
-        self._xs = xs = [("X", i) for i in range(n)]
-        self._gs = gs = [("G", i) for i in range(n)]
-        self._ss = ss = [("S", i) for i in range(n)]
+        # (and one int object per layer index in all of them, and in the steps
+        # below: hashing a tuple reads its int, and a layer's tensors and steps are
+        # read together)
+        self._ids = ids = list(range(n))
+        self._xs = xs = [("X", i) for i in ids]
+        self._gs = gs = [("G", i) for i in ids]
+        self._ss = ss = [("S", i) for i in ids]
         self._ps: dict[int, Tensor] = {}
         # op-log traces (DESIGN, "Op-log traces"): results of multi-result layers
         self.x_bytes = [layer.output_bytes for layer in layers]
@@ -165,8 +169,13 @@ class Graph:
         self.grads_born = bool(t is not None and t.set_to_none)
         self.optimizer_step: Step | None = ("O", n) if t is not None and t.has_step else None
         self._plan_param_buffers()
-        self.route: list[Step] = [("F", i) for i in range(n)]
-        self.route += [("B", i) for i in range(n - 1, -1, -1) if rg[i]]
+        # One tuple object per step, as per tensor: the route's steps are the keys of
+        # needs_map and allocs_map (a lookup matches by identity, without comparing
+        # tuples), and planners take their steps from ``steps`` (per phase, by layer)
+        self.steps: dict[str, list[Step]] = {ph: [(ph, i) for i in ids] for ph in "FRB"}
+        self.route: list[Step] = list(self.steps["F"])
+        bs = self.steps["B"]
+        self.route += [bs[i] for i in range(n - 1, -1, -1) if rg[i]]
         # step -> tensors it needs / allocates (read-only; needs() and allocs() per step)
         self.needs_map: dict[Step, tuple[Tensor, ...]] = {}
         self.allocs_map: dict[Step, tuple[Tensor, ...]] = {}
@@ -183,6 +192,7 @@ class Graph:
         last_i = self.n - 1
         # the same tuples by layer, per phase (step_tables), as they are made
         f_needs, f_allocs, b_needs, b_allocs = [], [], [None] * self.n, [None] * self.n
+        fs, rs, bs = self.steps["F"], self.steps["R"], self.steps["B"]
         self._tables = {"F": (f_needs, f_allocs), "R": (f_needs, f_allocs),
                         "B": (b_needs, b_allocs)}
         for i, layer in enumerate(self.layers):
@@ -193,10 +203,10 @@ class Graph:
             reads = layer.extra.get("input_results") if layer.extra else None
             fwd_needs = tuple(t for t in dict.fromkeys(self.read(j, k) for j, k in reads)
                               if t is not None) if reads else tuple(map(xs.__getitem__, ins))
-            needs_map[("F", i)] = fwd_needs
-            allocs_map[("F", i)] = fwd_allocs
-            needs_map[("R", i)] = fwd_needs
-            allocs_map[("R", i)] = fwd_allocs
+            needs_map[fs[i]] = fwd_needs
+            allocs_map[fs[i]] = fwd_allocs
+            needs_map[rs[i]] = fwd_needs
+            allocs_map[rs[i]] = fwd_allocs
             f_needs.append(fwd_needs)
             f_allocs.append(fwd_allocs)
             if not rg[i]:
@@ -219,9 +229,9 @@ class Graph:
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
                     (allocs if self.param_buffers[p][1][0] == i else needs).append(ps[p])
-            needs_map[("B", i)] = b_needs[i] = tuple(dict.fromkeys(needs)) \
+            needs_map[bs[i]] = b_needs[i] = tuple(dict.fromkeys(needs)) \
                 if len(needs) > 1 else tuple(needs)
-            allocs_map[("B", i)] = b_allocs[i] = tuple(dict.fromkeys(allocs)) \
+            allocs_map[bs[i]] = b_allocs[i] = tuple(dict.fromkeys(allocs)) \
                 if len(allocs) > 1 else tuple(allocs)
 
     def _plan_gradients(self) -> None:

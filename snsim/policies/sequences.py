@@ -143,7 +143,8 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     segment is re-run from its checkpoint for each backward step).
     """
     n = graph.n
-    seq: list[Step] = [("F", i) for i in range(n)]
+    seq: list[Step] = graph.route[:n]   # the graph's step tuples (Graph.steps)
+    rsteps = graph.steps["R"]
     kept: set[int] = set()    # speed-centric layers recomputed: reused to the end
     avail: set[int] = set()   # memory-centric ones reusable for the next step only
     layers = graph.layers
@@ -158,7 +159,7 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
             if k in kept or k in avail:
                 continue
             if inputs_done:
-                seq.append(("R", k))
+                seq.append(rsteps[k])
                 (kept if speed[k] else avail).add(k)
                 continue
             stack.append((k, True))
