@@ -142,15 +142,21 @@ class Graph:
             self.results_of[t[1]] = self.results_of.get(t[1], ()) + (t,)
         self.multi_result = frozenset(self.results_of)
         # every tensor's bytes, looked up by the hot loops (``size`` is its getter)
+        # The byte counts as one int object per value (``_same``): a deep network
+        # repeats a few shapes, and every read of a count writes its object's
+        # reference count, so thousands of equal ints spread over the heap are
+        # cache misses where a few shared ones are not
+        self._same_int: dict[int, int] = {}
+        same = self._same
         sizes: dict[Tensor, int] = {}
         self.sizes = sizes
-        x_bytes = self.x_bytes
+        self.x_bytes = x_bytes = same(self.x_bytes)
         for layer in layers:
             i = layer.id
             sizes[xs[i]] = x_bytes[i]
-            sizes[ss[i]] = layer.saved_extra_bytes
-            sizes[gs[i]] = layer.gradient_bytes
-        sizes.update(self.result_bytes)
+            sizes[ss[i]] = same((layer.saved_extra_bytes,))[0]
+            sizes[gs[i]] = same((layer.gradient_bytes,))[0]
+        sizes.update(zip(self.result_bytes, same(self.result_bytes.values())))
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
         self.in_place_of: dict[int, Tensor] = {}
@@ -454,6 +460,12 @@ class Graph:
                                       if last.get(t) == k and t != own and t[0] != "P")
         return out
 
+    def _same(self, values) -> list:
+        """``values`` (ints or None) with each int the graph's one object of its
+        value (see ``sizes`` in ``_build``)."""
+        pool = self._same_int
+        return [pool.setdefault(v, v) if type(v) is int else v for v in values]
+
     def step_ms(self, step: Step, algo: int = 0) -> float:
         """Duration of a step; algorithm ``algo`` of the layer's workspace list."""
         if step[0] == "O":
@@ -486,9 +498,9 @@ class Graph:
         bound and the recomputation planners read it)."""
         sizes = self.sizes.__getitem__
         tables = self.step_tables
-        fwd = list(map(sum, map(map, repeat(sizes), tables["F"][0])))   # R: the same needs
-        return {"F": fwd, "R": fwd,
-                "B": [None if nd is None else sum(map(sizes, nd)) for nd in tables["B"][0]]}
+        fwd = self._same(map(sum, map(map, repeat(sizes), tables["F"][0])))   # R: the same
+        return {"F": fwd, "R": fwd, "B": self._same(
+            None if nd is None else sum(map(sizes, nd)) for nd in tables["B"][0])}
 
     @cached_property
     def alloc_bytes_table(self) -> dict[str, list]:
@@ -497,9 +509,9 @@ class Graph:
         the layer has no such step."""
         sizes = self.sizes.__getitem__
         tables = self.step_tables
-        fwd = list(map(sum, map(map, repeat(sizes), tables["F"][1])))   # R: the same allocs
-        return {"F": fwd, "R": fwd,
-                "B": [None if a is None else sum(map(sizes, a)) for a in tables["B"][1]]}
+        fwd = self._same(map(sum, map(map, repeat(sizes), tables["F"][1])))   # R: the same
+        return {"F": fwd, "R": fwd, "B": self._same(
+            None if a is None else sum(map(sizes, a)) for a in tables["B"][1])}
 
     @cached_property
     def plain_workspace(self) -> dict[str, list]:
@@ -515,7 +527,8 @@ class Graph:
             fwd.append(None if layer.id in in_place else (ws[0].fwd_bytes if ws else 0))
             bwd.append((None if ws[0].bwd_released is not None else ws[0].backward_bytes)
                        if ws else 0)
-        return {"F": fwd, "R": fwd, "B": bwd}
+        fwd = self._same(fwd)
+        return {"F": fwd, "R": fwd, "B": self._same(bwd)}
 
     @cached_property
     def plain_ms(self) -> dict:
@@ -523,8 +536,12 @@ class Graph:
         first algorithm (``step_ms(step)``); ``O``: the optimizer step's, by layer.
         Read by the simulator's op loops and the planners' estimates (never
         change it)."""
-        fwd = [layer.fwd_ms for layer in self.layers]
-        out: dict = {"F": fwd, "R": fwd, "B": [layer.bwd_ms for layer in self.layers]}
+        same: dict[float, float] = {}   # one float object per value, as _same's ints
+
+        def one(v):
+            return same.setdefault(v, v) if type(v) is float else v
+        fwd = [one(layer.fwd_ms) for layer in self.layers]
+        out: dict = {"F": fwd, "R": fwd, "B": [one(layer.bwd_ms) for layer in self.layers]}
         if self.optimizer_step is not None:
             out["O"] = {self.optimizer_step[1]: self.optimizer_ms}
         return out

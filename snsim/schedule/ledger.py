@@ -61,14 +61,18 @@ def shared_effects(graph: Graph) -> tuple[dict, dict]:
     """
     got = _SHARED.get(graph)
     if got is None:
-        frees = {t: (0, 0, s) for t, s in graph.sizes.items()}
+        # one tuple per distinct value (a deep network repeats a few shapes: fewer,
+        # hotter objects for the walks to read)
+        same: dict = {}
+        frees = {t: same.setdefault((0, 0, s), (0, 0, s)) for t, s in graph.sizes.items()}
         all_bytes, plain = graph.alloc_bytes_table, graph.plain_workspace
         born = graph.born_bytes if graph.grads_born else None
         steps: dict = {}
         for phase in graph.step_tables:
             nb, ws = all_bytes[phase], plain[phase]
             grads = born if born and phase == "B" else [0] * len(nb)
-            steps[phase] = [None if b is None or w is None else (b + g, w, 0)
+            steps[phase] = [None if b is None or w is None
+                            else same.setdefault((b + g, w, 0), (b + g, w, 0))
                             for b, w, g in zip(nb, ws, grads)]
         got = _SHARED[graph] = (frees, steps)
     return got
