@@ -36,6 +36,7 @@ from snsim.policies import replay
 from snsim.policies import sequences
 from snsim.policies.base import PlanContext
 from snsim.policies.liveness import liveness_ops
+from snsim.schedule import ledger
 from snsim.schedule.ops import Schedule
 
 
@@ -74,9 +75,20 @@ def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> 
     g = ctx.graph
     speed, stats = segment_modes(g, keep, mode)
     ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, keep, speed))
-    if replay.planned_peak(g, ops)[0] > liveness_peak(g):
-        ops, stats = liveness_ops(g), {**stats, "fallback": "liveness"}   # note 2
-    return finishing.finish(name, g, ops, ctx.budget_bytes, stats)
+    fx = None
+    if g.optimizer_step is None:
+        # the verifier's own walk (its rules checked), kept on the schedule for
+        # it and the simulator: one walk of the plan where there were two
+        fx = ledger.walk(g, ops, name)
+        peak = ledger.peak_of(g, fx)
+    else:   # the plan ends with the optimizer step, appended after planning
+        peak = replay.planned_peak(g, ops)[0]
+    if peak > liveness_peak(g):
+        ops, stats, fx = liveness_ops(g), {**stats, "fallback": "liveness"}, None   # note 2
+    schedule = finishing.finish(name, g, ops, ctx.budget_bytes, stats)
+    if fx is not None:
+        schedule.checked = (g, len(ops), fx)
+    return schedule
 
 
 @register("recompute-speed", "recompute non-checkpoint layers once per segment",

@@ -427,6 +427,17 @@ def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
     return out
 
 
+def peak_of(graph: Graph, fx: Sequence[Effect]) -> int:
+    """The planned peak (every free immediate) of a plan's effects (a walk's
+    output): :func:`planned_peak` of the ops walked."""
+    level = peak = graph.trace.static_bytes
+    for nbytes, ws, freed in fx:
+        level += nbytes - freed
+        if level + ws > peak:
+            peak = level + ws
+    return peak
+
+
 def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
                  ) -> tuple[int, int | None]:
     """Peak level of ``ops`` counting every free as immediate, and the index of
