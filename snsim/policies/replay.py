@@ -33,7 +33,7 @@ from operator import is_
 
 from snsim.graph import Graph, Step, tensor_name
 from snsim.schedule import ledger
-from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op
+from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Compute, Op, Schedule
 from snsim.units import fmt_bytes
 
 
@@ -67,6 +67,16 @@ def fits(graph: Graph, ops: list[Op], capacity: int) -> bool:
     """``planned_peak(graph, ops, capacity)[1] is None``, stopping at the first op
     that does not fit; the optimizer step the plan will end with is counted (note 2)."""
     return ledger.fits(graph, with_optimizer_step(graph, ops), capacity)
+
+
+def schedule_fits(graph: Graph, schedule: Schedule, capacity: int) -> bool:
+    """:func:`fits` of ``schedule``'s ops, read from the checked walk its planner
+    kept on it where it has one (no optimizer step to add), else walked."""
+    got = schedule.checked
+    if (got is not None and got[0] is graph and got[1] == len(schedule.ops)
+            and graph.optimizer_step is None and schedule.ops):
+        return ledger.peak_of(graph, got[2]) <= capacity
+    return fits(graph, schedule.ops, capacity)
 
 
 def shortfall(graph: Graph, step: Step, short: int, capacity: int) -> str:

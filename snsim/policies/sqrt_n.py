@@ -85,7 +85,7 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
             return floor is not None and floor > cap
 
         whole = None if over(every) else plan_recompute("sqrt-n", ctx, every, "speed")
-        if whole is not None and replay.fits(g, whole.ops, cap):
+        if whole is not None and replay.schedule_fits(g, whole, cap):
             keep, s, stride = every, whole, 0
         else:
             # The fitting peak is not monotone in the stride (a longer segment
