@@ -531,6 +531,27 @@ class Graph:
         return {"F": fwd, "R": fwd, "B": self._same(bwd)}
 
     @cached_property
+    def algorithms(self) -> dict[str, list[tuple]]:
+        """Per phase (``F``, ``R``, ``B``), per layer: its step's algorithms as
+        ``(workspace_bytes(step, k), step_ms(step, k))`` pairs in workspace order,
+        ``()`` for a layer without a workspace list (for the planners that pick an
+        algorithm per step, without two method calls per algorithm)."""
+        same: dict = {}
+        fwd, bwd = [], []
+        for layer in self.layers:
+            ws = layer.workspace
+            if not ws:
+                fwd.append(())
+                bwd.append(())
+                continue
+            f = [(w.fwd_bytes, w.fwd_ms) for w in ws]
+            b = [(w.backward_bytes, w.bwd_ms) for w in ws]
+            f[0], b[0] = (ws[0].fwd_bytes, layer.fwd_ms), (ws[0].backward_bytes, layer.bwd_ms)
+            fwd.append(same.setdefault(tuple(f), tuple(f)))
+            bwd.append(same.setdefault(tuple(b), tuple(b)))
+        return {"F": fwd, "R": fwd, "B": bwd}
+
+    @cached_property
     def plain_ms(self) -> dict:
         """Per phase (``F``, ``R``, ``B``), per layer: its step's duration with the
         first algorithm (``step_ms(step)``); ``O``: the optimizer step's, by layer.

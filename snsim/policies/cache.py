@@ -332,11 +332,9 @@ class CachePlanner:
         return self.ops
 
     def _algo(self, step: Step, nb: int) -> int:
-        g = self.g
         free = self.cap - self.level - nb
         best, best_ms, small, small_b = None, math.inf, 0, math.inf
-        for k in range(len(g.layers[step[1]].workspace)):
-            b, ms = g.workspace_bytes(step, k), g.step_ms(step, k)
+        for k, (b, ms) in enumerate(self.g.algorithms[step[0]][step[1]]):
             if b <= free and ms < best_ms:
                 best, best_ms = k, ms
             if b < small_b:
