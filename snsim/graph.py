@@ -119,7 +119,7 @@ class Graph:
         # (and one int object per layer index in all of them, and in the steps
         # below: hashing a tuple reads its int, and a layer's tensors and steps are
         # read together)
-        self._ids = ids = list(range(n))
+        ids = list(range(n))
         self._xs = xs = [("X", i) for i in ids]
         self._gs = gs = [("G", i) for i in ids]
         self._ss = ss = [("S", i) for i in ids]
@@ -147,16 +147,17 @@ class Graph:
         # reference count, so thousands of equal ints spread over the heap are
         # cache misses where a few shared ones are not
         self._same_int: dict[int, int] = {}
-        same = self._same
+        one = self._same_int.setdefault   # (ints only: see _same)
         sizes: dict[Tensor, int] = {}
         self.sizes = sizes
-        self.x_bytes = x_bytes = same(self.x_bytes)
+        self.x_bytes = x_bytes = self._same(self.x_bytes)
         for layer in layers:
             i = layer.id
             sizes[xs[i]] = x_bytes[i]
-            sizes[ss[i]] = same((layer.saved_extra_bytes,))[0]
-            sizes[gs[i]] = same((layer.gradient_bytes,))[0]
-        sizes.update(zip(self.result_bytes, same(self.result_bytes.values())))
+            s, g = layer.saved_extra_bytes, layer.gradient_bytes
+            sizes[ss[i]] = one(s, s) if type(s) is int else s
+            sizes[gs[i]] = one(g, g) if type(g) is int else g
+        sizes.update(zip(self.result_bytes, self._same(self.result_bytes.values())))
         # in-place layers that write their output into an input's storage (DESIGN 3,
         # "In-place storage"): layer -> the tensor whose storage X_i takes over
         self.in_place_of: dict[int, Tensor] = {}
@@ -461,8 +462,9 @@ class Graph:
         return out
 
     def _same(self, values) -> list:
-        """``values`` (ints or None) with each int the graph's one object of its
-        value (see ``sizes`` in ``_build``)."""
+        """``values`` with each int the graph's one object of its value (see
+        ``sizes`` in ``_build``); anything else (None) as it is, so that no value
+        changes type (``2.0 == 2``)."""
         pool = self._same_int
         return [pool.setdefault(v, v) if type(v) is int else v for v in values]
 
