@@ -61,15 +61,18 @@ class _PhaseComputes(dict):
     layers in that phase, made whole on first lookup (a lookup of a list is
     cheaper than of a step: no tuple to hash)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, ids: list[int] | None = None):
         super().__init__()
         self.n = n
+        # the layer indices as the graph's own int objects (Graph.steps), so an
+        # op's layer and its step's are one object (compared by identity)
+        self.ids = ids if ids is not None else range(n)
 
     def __missing__(self, phase):
         if phase not in ("F", "R", "B"):
             raise KeyError(phase)
         n = self.n
-        ops = self[phase] = make_records(Compute, repeat(phase, n), range(n), repeat(0, n))
+        ops = self[phase] = make_records(Compute, repeat(phase, n), self.ids, repeat(0, n))
         return ops
 
 
@@ -77,9 +80,9 @@ class OpTables:
     """Per graph, one :class:`OpTable` per op kind: ``compute`` (by step, the
     first algorithm), ``free``, ``wait``, ``prefetch``, ``offload`` (by tensor)."""
 
-    def __init__(self, n: int = 0):
+    def __init__(self, n: int = 0, ids: list[int] | None = None):
         self.compute = OpTable(lambda step: Compute(step[0], step[1]))
-        self.by_phase = _PhaseComputes(n)   # for computes: F, R, B by layer
+        self.by_phase = _PhaseComputes(n, ids)   # for computes: F, R, B by layer
         self.free = OpTable(tensor_op_maker(Free))
         self.wait = OpTable(tensor_op_maker(Wait))
         self.prefetch = OpTable(tensor_op_maker(Prefetch))
@@ -127,7 +130,7 @@ def op_tables(graph: Graph) -> OpTables:
     """The graph's shared op tables (:class:`OpTables`), made once per graph."""
     got = _OP_TABLES.get(graph)
     if got is None:
-        got = _OP_TABLES[graph] = OpTables(graph.n)
+        got = _OP_TABLES[graph] = OpTables(graph.n, [i for _, i in graph.steps["F"]])
     return got
 
 
