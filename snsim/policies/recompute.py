@@ -80,7 +80,7 @@ def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> 
         # the verifier's own walk (its rules checked), kept on the schedule for
         # it and the simulator: one walk of the plan where there were two
         fx = ledger.walk(g, ops, name)
-        peak = ledger.peak_of(g, fx)
+        peak = ledger.peak_of(g, fx)[0]
     else:   # the plan ends with the optimizer step, appended after planning
         peak = replay.planned_peak(g, ops)[0]
     if peak > liveness_peak(g):

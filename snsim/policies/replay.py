@@ -74,8 +74,8 @@ def schedule_fits(graph: Graph, schedule: Schedule, capacity: int) -> bool:
     kept on it where it has one (no optimizer step to add), else walked."""
     got = schedule.checked
     if (got is not None and got[0] is graph and got[1] == len(schedule.ops)
-            and graph.optimizer_step is None and schedule.ops):
-        return ledger.peak_of(graph, got[2]) <= capacity
+            and graph.optimizer_step is None):
+        return ledger.peak_of(graph, got[2], capacity)[1] is None
     return fits(graph, schedule.ops, capacity)
 
 

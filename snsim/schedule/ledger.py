@@ -427,24 +427,14 @@ def effects(graph: Graph, schedule: Schedule) -> list[Effect]:
     return out
 
 
-def peak_of(graph: Graph, fx: Sequence[Effect]) -> int:
-    """The planned peak (every free immediate) of a plan's effects (a walk's
-    output): :func:`planned_peak` of the ops walked."""
-    level = peak = graph.trace.static_bytes
-    for nbytes, ws, freed in fx:
-        level += nbytes - freed
-        if level + ws > peak:
-            peak = level + ws
-    return peak
-
-
-def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
-                 ) -> tuple[int, int | None]:
-    """Peak level of ``ops`` counting every free as immediate, and the index of
-    the first op whose level does not fit ``capacity`` (None if all fit)."""
+def peak_of(graph: Graph, fx: Sequence[Effect], capacity: int | None = None
+            ) -> tuple[int, int | None]:
+    """Peak level of a plan's effects (a walk's output) counting every free as
+    immediate, and the index of the first effect whose level does not fit
+    ``capacity`` (None if all fit)."""
     level = peak = graph.trace.static_bytes
     first = None
-    for k, (nbytes, ws, freed) in enumerate(walk(graph, ops, route=False, check=False)):
+    for k, (nbytes, ws, freed) in enumerate(fx):
         level += nbytes - freed
         top = level + ws
         if top > peak:
@@ -452,6 +442,12 @@ def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
         if capacity is not None and first is None and top > capacity:
             first = k
     return peak, first
+
+
+def planned_peak(graph: Graph, ops: Sequence[Op], capacity: int | None = None
+                 ) -> tuple[int, int | None]:
+    """:func:`peak_of` the effects of ``ops`` (walked without the rules)."""
+    return peak_of(graph, walk(graph, ops, route=False, check=False), capacity)
 
 
 def fits(graph: Graph, ops: Sequence[Op], capacity: int) -> bool:
