@@ -51,33 +51,39 @@ def comparison_table(results: Sequence[SimResult]) -> str:
 
 
 def single_table(r: SimResult) -> str:
-    if not r.replayed:
-        return _not_replayed_table(r)
     lines = [
         ("policy", r.policy), ("trace", f"{r.trace} ({r.model}, batch {r.batch})"),
         ("budget", fmt_bytes(r.capacity_bytes) + ("" if r.budget_bytes is not None
                                                   else " (device memory)")),
         ("feasible", "yes" if r.feasible else f"NO: {r.reason}"),
+    ]
+    if not r.replayed:   # its planner gave up: the trace's figures and its counters only
+        lines.append(("replayed",
+                      "no: the planner gave up, so no peak, time or traffic was simulated"))
+    else:
         # a run that stopped has no peak, only what it reached (as the JSON's
         # partial_peak_bytes): not a fraction of the lower bound to read as a result
-        ("peak memory", f"{fmt_bytes(r.peak_bytes)}  ({r.peak_bytes} B, "
-                        f"{r.peak_bytes / r.lower_bound_bytes:.3f} x lower bound)"
-         if r.feasible else f"- (reached {fmt_bytes(r.peak_bytes)} before it stopped)"),
-        ("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
-         else "static (+optimizer)", fmt_bytes(r.static_bytes)),
-        ("lower bound", fmt_bytes(r.lower_bound_bytes)),
-        ("iteration", (fmt_ms(r.iteration_ms)
-                       + (f"  ({r.iteration_ms / r.compute_ms:.3f} x compute)"
-                          if r.compute_ms else "")) if r.feasible
-         else f"- (stopped at {fmt_ms(r.iteration_ms)})"),
-        ("compute", fmt_ms(r.compute_ms)), ("recompute", fmt_ms(r.recompute_ms)),
-        ("stall", fmt_ms(r.stall_ms)),
-        ("host->device", fmt_bytes(r.h2d_bytes)), ("device->host", fmt_bytes(r.d2h_bytes)),
-        ("samples/s", f"{r.samples_per_s:.2f}"),
-    ]
+        lines.append(("peak memory", f"{fmt_bytes(r.peak_bytes)}  ({r.peak_bytes} B, "
+                                     f"{r.peak_bytes / r.lower_bound_bytes:.3f} x lower bound)"
+                      if r.feasible
+                      else f"- (reached {fmt_bytes(r.peak_bytes)} before it stopped)"))
+    lines.append(("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
+                  else "static (+optimizer)", fmt_bytes(r.static_bytes)))
     if r.optimizer_state_bytes or r.optimizer_ms:   # a trace with a training record
-        lines[6:6] = [("optimizer state", fmt_bytes(r.optimizer_state_bytes)),
-                      ("optimizer step", fmt_ms(r.optimizer_ms))]
+        lines += [("optimizer state", fmt_bytes(r.optimizer_state_bytes)),
+                  ("optimizer step", fmt_ms(r.optimizer_ms))]
+    lines.append(("lower bound", fmt_bytes(r.lower_bound_bytes)))
+    if r.replayed:
+        lines.append(("iteration", (fmt_ms(r.iteration_ms)
+                                    + (f"  ({r.iteration_ms / r.compute_ms:.3f} x compute)"
+                                       if r.compute_ms else "")) if r.feasible
+                      else f"- (stopped at {fmt_ms(r.iteration_ms)})"))
+    lines.append(("compute", fmt_ms(r.compute_ms)))
+    if r.replayed:
+        lines += [("recompute", fmt_ms(r.recompute_ms)), ("stall", fmt_ms(r.stall_ms)),
+                  ("host->device", fmt_bytes(r.h2d_bytes)),
+                  ("device->host", fmt_bytes(r.d2h_bytes)),
+                  ("samples/s", f"{r.samples_per_s:.2f}")]
     lines += [(k, str(v)) for k, v in r.policy_stats.items()]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
@@ -124,21 +130,3 @@ def trace_summary(graph: Graph) -> str:
     ]
     return "\n".join(head)
 
-
-def _not_replayed_table(r: SimResult) -> str:
-    """A plan its planner declared infeasible: the simulator did not replay it, so
-    only the trace's figures and the planner's own counters are known."""
-    lines = [
-        ("policy", r.policy), ("trace", f"{r.trace} ({r.model}, batch {r.batch})"),
-        ("budget", fmt_bytes(r.capacity_bytes) + ("" if r.budget_bytes is not None
-                                                  else " (device memory)")),
-        ("feasible", f"NO: {r.reason}"),
-        ("replayed", "no: the planner gave up, so no peak, time or traffic was simulated"),
-        ("static (weights+grads)" if not r.optimizer_state_bytes and not r.optimizer_ms
-         else "static (+optimizer)", fmt_bytes(r.static_bytes)),
-        ("lower bound", fmt_bytes(r.lower_bound_bytes)),
-        ("compute", fmt_ms(r.compute_ms)),
-    ]
-    lines += [(k, str(v)) for k, v in r.policy_stats.items()]
-    width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
