@@ -20,6 +20,17 @@ with the caches warm from the same point's previous run, which only the
 shallow traces (whose data fits the CPU's caches) can gain from, and which
 so can steepen a slope.  Each run is still the whole point (plan, verify,
 simulate); no point is dropped.
+Each run of a point is made in a child process forked for it (where fork
+exists; ``--in-process`` runs them all in this one, as before): the child
+starts from this process's heap, the graph built and frozen, and pays for
+what it touches of it (copy on write) and for every per-graph cache its
+planner fills, as one command run by a user does.  In one process, a point
+runs in a heap that the earlier points (other policies, other budgets) left
+full of freed blocks scattered over the arenas, so the objects it makes lie
+scattered too; on the deepest traces, whose data outgrows the CPU's caches,
+that made the recomputation policies' points 20-40% slower than alone
+(`recompute-speed` at 32k layers: 0.37 s in the full bench, 0.30 s alone),
+and their slopes 1.16-1.29 where alone they read 1.02-1.10 (2026-12-07).
 With ``--calls`` each point is also run once more under cProfile and the
 slope of its Python function calls (builtins included) over the layers is
 printed: the work done, which the machine's load does not change (a
@@ -28,7 +39,7 @@ Prints only; no assertions.
 
     python benchmarks/bench_scaling.py [--sizes 1000,2000,4000,8000,16000,32000]
                                        [--policies dtr,superneurons] [--repeats 3]
-                                       [--calls]
+                                       [--calls] [--in-process]
 """
 
 from __future__ import annotations
@@ -65,6 +76,45 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
+def point(g: Graph, policy: str, ctx: PlanContext) -> tuple[float, float, bool]:
+    """(wall s, CPU s, feasible) of one plan + verify + simulate in this process."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = evaluate(g, policy, ctx.budget_bytes, context=ctx).result
+    return time.perf_counter() - t0, time.process_time() - c0, r.feasible
+
+
+def run(g: Graph, policy: str, ctx: PlanContext, isolate: bool) -> tuple[float, float, bool]:
+    """:func:`point`, in a child forked for it when ``isolate``: the child starts
+    from the parent's heap (the graph, frozen) and pays for what it touches of
+    it (copy on write) and for every per-graph cache its planner fills, as a
+    command run by a user does; what earlier points left in the heap (freed
+    blocks scattered over the arenas, caches of other planners) is not
+    there."""
+    if not isolate:
+        return point(g, policy, ctx)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: one point, its figures down the pipe, then gone
+        code = 0
+        try:
+            os.close(rfd)
+            dt, dc, ok = point(g, policy, ctx)
+            os.write(wfd, f"{dt!r} {dc!r} {int(ok)}".encode())
+        except BaseException:   # noqa: BLE001 - the parent reports it
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    with os.fdopen(rfd) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not text:
+        raise SystemExit(f"bench_scaling: the point {policy} on {g.n} layers failed "
+                         "in its child (run with --in-process to see why)")
+    dt, dc, ok = text.split()
+    return float(dt), float(dc), ok == "1"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,2000,4000,8000,16000,32000")
@@ -73,7 +123,11 @@ def main() -> None:
                     help="runs per point; the least time is kept (default 1)")
     ap.add_argument("--calls", action="store_true",
                     help="also count each point's function calls (one profiled run more)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every point in this process (default: each run of a "
+                         "point in a child forked for it, where fork exists)")
     args = ap.parse_args()
+    isolate = not args.in_process and hasattr(os, "fork")
     sizes = [int(s) for s in args.sizes.split(",")]
     pols = args.policies.split(",")
     times: dict[tuple[str, float], list[float]] = {(p, f): [] for p in pols for f in FACTORS}
@@ -95,12 +149,9 @@ def main() -> None:
             for f in FACTORS:
                 ctx = ctxs[f]
                 for p in pols:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    r = evaluate(g, p, ctx.budget_bytes, context=ctx).result
-                    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+                    dt, dc, ok = run(g, p, ctx, isolate)
                     b = best[(p, f)]
-                    b[0], b[1], b[2] = min(b[0], dt), min(b[1], dc), r.feasible
-                    del r
+                    b[0], b[1], b[2] = min(b[0], dt), min(b[1], dc), ok
         line = []
         for f in FACTORS:
             budget = ctxs[f].budget_bytes
@@ -119,8 +170,9 @@ def main() -> None:
     print()
     print(f"load average {os.getloadavg()[0]:.2f} (2 cores shared: read loaded times as "
           "up to about twice the idle ones)")
-    print(f"plan+verify+simulate wall seconds by depth (least of {args.repeats} round(s) each)"
-          f"  (layers {real}); slope of log time "
+    print(f"plan+verify+simulate wall seconds by depth (least of {args.repeats} round(s) each, "
+          + ("each run in a child forked for it)" if isolate else "every run in this process)")
+          + f"  (layers {real}); slope of log time "
           "over log layers (target <= 1.2); deepest trace (target <= 5 s); beside each, the "
           "same from the process's CPU time (the machine is shared: the wall time counts "
           "waiting); F = feasible at the deepest")
