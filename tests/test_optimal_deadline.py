@@ -122,12 +122,14 @@ def test_supervise_kills_a_stuck_child_and_keeps_its_last_reports():
         channel.send("bound", 0.5)
         time.sleep(60)
 
+    fds = len(os.listdir("/dev/fd"))
     t = time.perf_counter()
     out = child.supervise(work, time.perf_counter() + 0.5)
     assert time.perf_counter() - t < 0.5 + SLACK_S
     assert not out.done and out.error is None
     assert out.last == {"incumbent": 2.0, "bound": 0.5}
     assert gone(out.pid)
+    assert len(os.listdir("/dev/fd")) == fds   # the pipe is closed
 
 
 @posix
@@ -236,3 +238,15 @@ def test_plan_optimal_ends_at_its_limit(monkeypatch):
     assert s.stats["status"] == "time-limit" and s.stats["milp_columns"] > 100_000
     assert s.infeasible_reason is None   # the best heuristic plan, polished
     assert children() == before
+
+
+@posix
+def test_a_failed_fork_falls_back_to_the_in_process_search(monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(child.ForkFailed):
+        child.supervise(lambda channel: 1, time.perf_counter() + 5)
+    sol = solve_mod.solve(hard(60, 6), 10.0, isolate=True)
+    assert sol.status == "optimal" and sol.objective == -2276.0

@@ -36,6 +36,10 @@ HEADER = struct.Struct("<Q")   # each report: its pickled length, then the pickl
 PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
 
 
+class ForkFailed(RuntimeError):
+    """``os.fork`` failed (no memory, too many processes): nothing was started."""
+
+
 def available() -> bool:
     """Whether :func:`supervise` can run here (a POSIX ``os.fork``)."""
     return hasattr(os, "fork") and os.name == "posix"
@@ -110,7 +114,8 @@ def child_main(work, write_fd: int, parent: int) -> None:
 def supervise(work, deadline: float) -> Outcome:
     """Run ``work(channel)`` in a forked child until it returns or
     ``time.perf_counter()`` reaches ``deadline``; the child is killed (SIGKILL)
-    and reaped before this returns, whatever happens (an exception, Ctrl-C)."""
+    and reaped before this returns, whatever happens (an exception, Ctrl-C).
+    :class:`ForkFailed` when no child could be started."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
@@ -118,7 +123,12 @@ def supervise(work, deadline: float) -> Outcome:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise ForkFailed(str(e)) from e
     if pid == 0:
         os.close(read_fd)
         child_main(work, write_fd, parent)

@@ -80,8 +80,8 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     ``isolate`` (default: models of at least ``ISOLATE_NONZEROS`` nonzeros,
     where :func:`child.available`): handing the model to HiGHS, the starts
     and the search run in a child process killed at the limit
-    (:func:`isolated`), so the limit is a deadline; otherwise HiGHS's own
-    limit, which its presolve does not check."""
+    (:func:`isolated`), so the limit is a deadline; otherwise (or when the
+    fork fails) HiGHS's own limit, which its presolve does not check."""
     entry = time.perf_counter()   # the limit covers handing the model over too
     hp = highs()
     tries = ([start] if start is not None else []) + list(starts)
@@ -89,9 +89,12 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
         isolate = (child.available()
                    and sum(len(r[0]) for r in milp.rows) >= ISOLATE_NONZEROS)
     if isolate:
-        return isolated(lambda ends, channel: search(
-            loaded(hp, milp, threads, cutoff, first), hp, milp, tries, first, ends, channel),
-            entry + time_limit)
+        try:
+            return isolated(lambda ends, channel: search(
+                loaded(hp, milp, threads, cutoff, first), hp, milp, tries, first, ends,
+                channel), entry + time_limit)
+        except child.ForkFailed:
+            pass   # no process to spare: HiGHS's own limit, as without os.fork
     return search(loaded(hp, milp, threads, cutoff, first), hp, milp, tries, first,
                   entry + time_limit)
 
