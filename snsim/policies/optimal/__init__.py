@@ -40,6 +40,22 @@ prefetch may only be issued in the ``WINDOW`` stages before a use; above
 ``MAX_COLUMNS`` no MILP is built and the best heuristic is returned with the
 trivial bound (every route step at its fastest algorithm): its gap is then a
 bound on what any schedule could gain.
+
+The time limit (note 2) is a deadline for the whole plan, not only the
+solver's: the heuristics, variants, polish and moment bound take their
+shares of it (``*_SHARE``), the MILP's search ends ``RESERVE_S`` (at most
+``RESERVE_SHARE`` of the limit) before it, leaving that to decode and
+polish the MILP's plan, and the polish gets only what is left.  HiGHS checks
+its own limit only where it calls its interrupt callbacks, not in its
+presolve (ResNet-101 b16 at 1.5x: 20-45 s past it), so a large model's
+search runs in a child process killed at its deadline (:mod:`.child`,
+:func:`.solve.isolated`): status ``time-limit``, the last incumbent and dual
+bound it reported.  A model whose build (``BUILD_S_PER_COLUMN`` per
+:func:`columns_estimate` column, a high guess) would not leave
+``MIN_SOLVE_S`` (at most ``MIN_SOLVE_SHARE`` of the limit) for its search
+is not built (status ``not-built: no time left ...``).
+What is not cut short: the heuristics' own planning and a build slower
+than guessed.
 """
 
 from __future__ import annotations
@@ -74,6 +90,12 @@ POLISH_S = 5.0         # at most this long polishing a plan (polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 VARIANT_S = 10.0       # at most this long on superneurons' variants (variants.py) ...
 VARIANT_SHARE = 0.25   # ... and at most this share of the time limit
+RESERVE_S = 1.0        # the MILP's search ends this long before the time limit ...
+RESERVE_SHARE = 0.05   # ... (at most this share of it), to decode and polish its plan
+BUILD_S_PER_COLUMN = 80e-6   # a high guess of the build time (ResNet-101 b16: 2.4-5.7 s, 72k;
+                             # Inception-v4 b16: 12 s, 170k)
+MIN_SOLVE_S = 1.0      # a model is built only with this long left for its search ...
+MIN_SOLVE_SHARE = 0.1  # ... (at most this share of the time limit)
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -116,17 +138,19 @@ def heuristic_plans(ctx: PlanContext) -> list:
 
 
 def two_phase(g: Graph, cap: int, window: int | None, seconds: float, plans: list = (),
-              stats: dict | None = None, cutoff: float | None = None):
+              stats: dict | None = None, cutoff: float | None = None, need_s: float = 0.0):
     """Solve the full model started from the first of the heuristics' ``plans``
     ([(ms, name, schedule)]) that is a solution of it (:mod:`.start`);
     failing that, the model without same-stage prefetches first (smaller,
     fast), then the full model from its solution; the result and the
     formulation it is a solution of.  With ``cutoff`` (ms, the fastest
-    heuristic plan's time): see :func:`capped`."""
+    heuristic plan's time): see :func:`capped`.  ``need_s``: about how long
+    a build and the least search take; a second model is built only with
+    that long left (note 2)."""
     if cutoff is not None and math.isfinite(cutoff):
-        return capped(g, cap, window, seconds, plans, stats, cutoff)
+        return capped(g, cap, window, seconds, plans, stats, cutoff, need_s)
     t0 = time.perf_counter()
-    left = lambda: max(0.5, seconds - (time.perf_counter() - t0))  # noqa: E731
+    left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     full = build(g, cap, window)
     mapped = [(name, plan_start(full, s.ops)) for _, name, s in plans]
     mapped = [(name, st) for name, st in mapped if st is not None]
@@ -136,7 +160,7 @@ def two_phase(g: Graph, cap: int, window: int | None, seconds: float, plans: lis
             if stats is not None:
                 stats["milp_start"] = mapped[sol.start_taken][0]
             return sol, full
-        if seconds - (time.perf_counter() - t0) < 1.0:
+        if seconds - (time.perf_counter() - t0) < max(1.0, need_s):
             return sol, full   # no time left for the second route
     small = build(g, cap, window, sync=False)
     first = solve(small.milp, 0.4 * left())
@@ -154,7 +178,7 @@ def two_phase(g: Graph, cap: int, window: int | None, seconds: float, plans: lis
 
 
 def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
-           stats: dict | None, cutoff: float):
+           stats: dict | None, cutoff: float, need_s: float = 0.0):
     """The full model searched only for plans at most ``cutoff`` ms (a heuristic
     plan already runs there): the makespan's upper bound, which shrinks every
     big-M of the time rows (:mod:`.timing`) and so raises the LP bound the
@@ -166,9 +190,10 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
     the cutoff (status ``cutoff``, bound ``cutoff``) when the class has a plan
     at all (a heuristic's read as binaries, or one found by the uncapped
     model in the time left); otherwise ``infeasible`` as before (an empty
-    class bounds nothing)."""
+    class bounds nothing; so it is when less than ``need_s`` is
+    left to build and search the uncapped model: status ``time-limit``)."""
     t0 = time.perf_counter()
-    left = lambda: max(0.5, seconds - (time.perf_counter() - t0))  # noqa: E731
+    left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     route = cutoff - g.optimizer_ms   # the model prices the route
     form = build(g, cap, window, cutoff=route)
     mapped = [(name, plan_start(form, s.ops)) for _, name, s in plans]
@@ -179,6 +204,8 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
     if sol.status != "infeasible":
         return Solution(sol.status, sol.values, sol.objective, min(sol.bound, route),
                         sol.solve_s, sol.start_taken), form
+    if seconds - (time.perf_counter() - t0) < need_s:
+        return Solution("time-limit", None, math.inf, 0.0, sol.solve_s), form
     full = build(g, cap, window)
     starts = [st for st in (plan_start(full, s.ops) for _, _, s in plans) if st is not None]
     probe = solve(full.milp, left(), starts=starts, first=True)
@@ -198,6 +225,7 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if not time_limit > 0:
         raise PolicyError(f"policy optimal: time limit must be > 0 seconds, not {time_limit}")
     t0 = time.perf_counter()
+    ends = t0 + time_limit   # the deadline of the whole plan (note 2)
     trivial = compute_bound_ms(g)
     stats: dict = {"compute_bound_ms": round(trivial, 6)}
     if cap < g.lower_bound_bytes:
@@ -224,6 +252,8 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
             plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
+    reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)
+    need = BUILD_S_PER_COLUMN * cols + min(MIN_SOLVE_S, MIN_SOLVE_SHARE * time_limit)
     sol = milp_ops = None
     every = trivial   # a bound every schedule obeys (the compute bound, or a moment's)
     if heur is None or heur[0] > trivial * (1 + 1e-12):
@@ -235,12 +265,17 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
         stats["status"] = "optimal: a heuristic plan runs at the compute bound"
     elif heur is not None and heur[0] <= every * (1 + 1e-9):
         stats["status"] = "optimal: a heuristic plan runs at the moment bound"
-    elif cols <= MAX_COLUMNS:
+    elif cols > MAX_COLUMNS:
+        stats["status"] = "not-built: model too large (note 1)"
+    elif ends - reserve - time.perf_counter() < need:
+        stats["status"] = "not-built: no time left to build the model (note 2)"
+    else:
         window = None if cols <= FLAT_LIMIT else WINDOW
         if window is not None:
             stats["prefetch_window"] = window
-        sol, form = two_phase(g, cap, window, time_limit - (time.perf_counter() - t0),
-                              plans, stats, cutoff=heur[0] if heur is not None else None)
+        sol, form = two_phase(g, cap, window, ends - reserve - time.perf_counter(), plans,
+                              stats, cutoff=heur[0] if heur is not None else None,
+                              need_s=need)
         stats["milp_columns"] = len(form.milp.lb)
         stats["milp_rows"] = len(form.milp.rows)
         stats["status"] = sol.status
@@ -249,8 +284,6 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
             # the model prices the route; the optimizer step's fixed time follows it
             stats["predicted_ms"] = round(sol.objective + g.optimizer_ms, 6)
             stats["predicted_peak_bytes"] = peak
-    else:
-        stats["status"] = "not-built: model too large (note 1)"
     if sol is None:
         bound = every if heur is not None else None
     else:
@@ -261,7 +294,8 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if milp_ops is not None:
         ms = replay.estimate_ms(g, milp_ops, cap)
         choice = (ms, "milp", milp_ops)
-        ms, ops, undone = polish(g, cap, milp_ops, ms, polish_s)
+        ms, ops, undone = polish(g, cap, milp_ops, ms,
+                                 min(polish_s, max(0.0, ends - time.perf_counter())))
         if undone:
             stats["polished"] = undone
             choice = (ms, "milp+polish", ops)
