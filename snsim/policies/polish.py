@@ -44,11 +44,16 @@ from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 
-def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
+_UNSET = object()   # last_frees not worked out yet
+
+
+def undo(g: Graph, ops: list[Op], r: int, frees=_UNSET) -> list[Op] | None:
     """``ops`` with the recomputation at index ``r`` undone, or None when some
     tensor it makes was not freed before it, or something other than a free
-    touched it in between (a swap: not undone here)."""
-    frees = last_frees(g, ops, r)
+    touched it in between (a swap: not undone here).  ``frees``: its
+    :func:`last_frees` where known."""
+    if frees is _UNSET:
+        frees = last_frees(g, ops, r)
     if frees is None:
         return None
     drop = {r, *frees.values()}
@@ -58,29 +63,36 @@ def undo(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
 def last_frees(g: Graph, ops: list[Op], r: int) -> dict | None:
     """Per tensor the recomputation at index ``r`` makes, the index of its last
     ``Free`` before ``r``; None when one was never freed before it, or
-    something other than a free touched it in between."""
-    frees = {}
-    for t in g.allocs_map[ops[r].step]:
-        k = r - 1
-        while k >= 0 and not (type(ops[k]) is Free and ops[k].tensor == t):
-            if getattr(ops[k], "tensor", None) == t:
-                return None
-            k -= 1
+    something other than a free touched it in between.  One walk back for
+    all of them: the first op met that touches one must be its free."""
+    made = g.allocs_map[ops[r].step]
+    left = set(made)
+    found = {}
+    k = r - 1
+    while left:
         if k < 0:
             return None
-        frees[t] = k
-    return frees
+        op = ops[k]
+        t = getattr(op, "tensor", None)
+        if t in left:
+            if type(op) is not Free:
+                return None
+            found[t] = k
+            left.discard(t)
+        k -= 1
+    return {t: found[t] for t in made}
 
 
-def swap(g: Graph, ops: list[Op], r: int, back: int) -> list[Op] | None:
+def swap(g: Graph, ops: list[Op], r: int, back: int, frees=_UNSET) -> list[Op] | None:
     """``ops`` with the recomputation at index ``r`` replaced by a swap: each
     tensor it makes is offloaded right after the compute that made it before,
     freed where the plan freed it, prefetched before the compute ``back``
     computes ahead of ``r`` and waited for where the recomputation was; None
     where :func:`undo` finds it cannot be undone or the prefetch would come
-    before the free."""
+    before the free.  ``frees``: its :func:`last_frees` where known."""
     made = g.allocs_map[ops[r].step]
-    frees = last_frees(g, ops, r)
+    if frees is _UNSET:
+        frees = last_frees(g, ops, r)
     if frees is None:
         return None
     p, seen = r, 0
@@ -126,7 +138,7 @@ def drop(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
     return [o for i, o in enumerate(ops) if i not in drop]
 
 
-def trim(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
+def trim(g: Graph, ops: list[Op], r: int, frees=_UNSET) -> list[Op] | None:
     """``ops`` without the recomputation at index ``r``: of the tensors it makes,
     those a compute reads before their next free are kept instead (their
     last free before ``r`` removed, as :func:`undo`), the others were made
@@ -134,7 +146,8 @@ def trim(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
     recomputed only for its saved statistics (kilobytes) remakes its whole
     output (ResNet-50 b32: 106 MB, 0.93 ms) that nothing reads before it is
     freed again; undoing would keep both.  None when the plan does not have
-    that shape (the ledger's walk refuses the rest)."""
+    that shape (the ledger's walk refuses the rest).  ``frees``: its
+    :func:`last_frees` where known."""
     out = {r}
     for t in g.allocs_map[ops[r].step]:
         nxt = None
@@ -150,7 +163,8 @@ def trim(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
             if getattr(o, "tensor", None) == t:
                 break
         if read:
-            frees = last_frees(g, ops, r)
+            if frees is _UNSET:
+                frees = last_frees(g, ops, r)
             if frees is None:
                 return None
             out.add(frees[t])
@@ -163,7 +177,7 @@ def trim(g: Graph, ops: list[Op], r: int) -> list[Op] | None:
 
 BACKS = (1, 2, 4, 8, 16, 32)   # prefetch distances of a swap, in computes
 # superneurons' one pass (:func:`refine`): two distances, half the time per
-# recomputation, and on the shipped traces as good a plan (note 1 of superneurons)
+# recomputation, and on the shipped traces as good a plan (superneurons' note 9)
 REFINE_BACKS = (4, 16)
 
 
@@ -174,10 +188,11 @@ def variants(g: Graph, ops: list[Op], r: int, backs: tuple[int, ...] = BACKS,
     then swapped with the prefetch ``backs`` computes ahead."""
     if dropped:
         yield drop(g, ops, r)
-    yield undo(g, ops, r)
-    yield trim(g, ops, r)
+    frees = last_frees(g, ops, r)   # the same for all that follow
+    yield undo(g, ops, r, frees)
+    yield trim(g, ops, r, frees)
     for back in backs:
-        yield swap(g, ops, r, back)
+        yield swap(g, ops, r, back, frees)
 
 
 def polish(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float

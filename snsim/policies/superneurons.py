@@ -98,7 +98,7 @@ compute before -> after (the issue-15 optimum in brackets): ResNet-50 b32
 1.0509 -> 1.0336 (1.0337); within 0.6% of the optimum at every budget
 (1.05-3x) of every shipped K40c trace but ResNet-2500 (above ``WIDE_LIMIT``:
 planned as before).  ResNet-152 b32 at 1.5x, the whole `snsim simulate`:
-0.28 -> 1.2 s (2.2 -> 12.2 G instructions).
+0.27 -> 1.1 s (2.2 -> 10.6 G instructions).
 """
 
 from __future__ import annotations
