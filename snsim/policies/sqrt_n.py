@@ -32,57 +32,74 @@ from snsim.policies.recompute import plan_recompute
 from snsim.schedule.ops import Schedule
 
 
-def sqrt_n_keep(graph, stride: int | None = None) -> list[bool]:
-    """Kept layers with ``stride`` (default ``round(sqrt(m))``)."""
+def candidates(graph) -> list[int]:
+    """The candidate checkpoints: SuperNeurons' checkpoint layers but the data
+    layer and the loss, in forward order."""
     ckpt = layers.checkpoints(graph)
-    n = graph.n
-    cands = [i for i in range(1, n - 1) if ckpt[i] and graph.layers[i].kind != "data"]
+    kinds = graph.layers
+    return [i for i in range(1, graph.n - 1) if ckpt[i] and kinds[i].kind != "data"]
+
+
+def sqrt_n_keep(graph, stride: int | None = None, cands: list[int] | None = None) -> list[bool]:
+    """Kept layers with ``stride`` (default ``round(sqrt(m))``); ``cands``:
+    :func:`candidates`, when the caller has them."""
+    if cands is None:
+        cands = candidates(graph)
     if stride is None:
-        stride = default_stride(graph)
+        stride = max(1, round(math.sqrt(len(cands))))
     keep = [layer.kind == "data" for layer in graph.layers]
-    keep[n - 1] = True
-    for k, i in enumerate(cands):
-        if k % stride == stride - 1:
-            keep[i] = True
+    keep[graph.n - 1] = True
+    for i in cands[stride - 1::stride]:   # the k-th candidate for k % stride == stride - 1
+        keep[i] = True
     return keep
 
 
 def default_stride(graph) -> int:
-    ckpt = layers.checkpoints(graph)
-    m = sum(1 for i in range(1, graph.n - 1) if ckpt[i] and graph.layers[i].kind != "data")
-    return max(1, round(math.sqrt(m)))
+    return max(1, round(math.sqrt(len(candidates(graph)))))
 
 
-def forward_floor(graph, keep: list[bool]) -> int | None:
+def read_in_backward(graph) -> list[int] | None:
+    """The layers whose output a backward step reads (:func:`forward_floor`), or
+    None where tensors are held past their uses (op-log traces): no floor."""
+    if graph.holds:
+        return None
+    n, last = graph.n, graph.last_use
+    return [i for i in range(n) if last.get(("X", i), -1) >= n]
+
+
+def forward_floor(graph, keep: list[bool], reads: list[int] | None = None) -> int | None:
     """A floor under the planned level at the last forward step of the plan that
     keeps ``keep`` (a plan above the budget there cannot fit, so the scan need not
     build it): the static bytes and the output of every kept layer that a
     backward step reads, all resident then (made in forward, never recomputed,
     freed after their last use in backward).  None where tensors are held past
-    their uses (op-log traces): no floor."""
-    if graph.holds:
-        return None
-    n, last, x = graph.n, graph.last_use, graph.x_bytes
-    return graph.trace.static_bytes + sum(x[i] for i in range(n)
-                                          if keep[i] and last.get(("X", i), -1) >= n)
+    their uses (op-log traces): no floor.  ``reads``:
+    :func:`read_in_backward`, when the caller has it (the scan asks per stride)."""
+    if reads is None:
+        reads = read_in_backward(graph)
+        if reads is None:
+            return None
+    x = graph.x_bytes
+    return graph.trace.static_bytes + sum([x[i] for i in reads if keep[i]])
 
 
 @register("sqrt-n", "keep every sqrt(n)-th checkpoint, recompute segments once",
           order=45, needs=("backward",))
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
     g = ctx.graph
-    stride = default_stride(g)
-    keep = sqrt_n_keep(g)
+    cands = candidates(g)   # once: the scan below asks per stride
+    stride = max(1, round(math.sqrt(len(cands))))
+    keep = sqrt_n_keep(g, stride, cands)
     s = None    # the default plan, built only where it is the answer
     if ctx.budget_bytes is not None:
         cap = ctx.budget_bytes
         # a copy-free plan fits under the simulator's rules (a finite
         # replay.estimate_ms) iff its planned peak (frees immediate) does
         every = [True] * g.n
+        reads = read_in_backward(g)
 
         def over(k: list[bool]) -> bool:   # certainly over the budget (forward_floor)
-            floor = forward_floor(g, k)
-            return floor is not None and floor > cap
+            return reads is not None and forward_floor(g, k, reads) > cap
 
         whole = None if over(every) else plan_recompute("sqrt-n", ctx, every, "speed")
         if whole is not None and replay.schedule_fits(g, whole, cap):
@@ -91,7 +108,7 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
             # The fitting peak is not monotone in the stride (a longer segment
             # recomputes more at once), so scan up from 1: least recompute first.
             for st in range(1, stride):
-                k = sqrt_n_keep(g, st)
+                k = sqrt_n_keep(g, st, cands)
                 if over(k):
                     continue
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
