@@ -71,10 +71,16 @@ def liveness_peak(graph: Graph) -> int:
     return peak
 
 
-def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str) -> Schedule:
+def plan_recompute(name: str, ctx: PlanContext, keep: list[bool], mode: str,
+                   ops: list | None = None) -> Schedule:
+    """Recompute what ``keep`` drops, each segment in ``mode``; ``ops``: the
+    plan's ops where the caller has just made them (``liveness_seq`` of the
+    ``recompute_sequence`` of ``keep`` and the mode's speeds: ``sqrt-n``'s scan),
+    not made again."""
     g = ctx.graph
     speed, stats = segment_modes(g, keep, mode)
-    ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, keep, speed))
+    if ops is None:
+        ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, keep, speed))
     fx = None
     if g.optimizer_step is None:
         # the verifier's own walk (its rules checked), kept on the schedule for

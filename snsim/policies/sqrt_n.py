@@ -114,7 +114,7 @@ def plan_sqrt_n(ctx: PlanContext) -> Schedule:
                 ops = sequences.liveness_seq(g, sequences.recompute_sequence(g, k, every))
                 if replay.fits(g, ops, cap):
                     keep, stride = k, st
-                    s = plan_recompute("sqrt-n", ctx, keep, "speed")
+                    s = plan_recompute("sqrt-n", ctx, keep, "speed", ops)   # these ops
                     break
     if s is None:
         s = plan_recompute("sqrt-n", ctx, keep, "speed")
