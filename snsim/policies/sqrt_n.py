@@ -36,8 +36,13 @@ def candidates(graph) -> list[int]:
     """The candidate checkpoints: SuperNeurons' checkpoint layers but the data
     layer and the loss, in forward order."""
     ckpt = layers.checkpoints(graph)
-    kinds = graph.layers
-    return [i for i in range(1, graph.n - 1) if ckpt[i] and kinds[i].kind != "data"]
+    lays = graph.layers
+    return [i for i in range(1, graph.n - 1) if ckpt[i] and lays[i].kind != "data"]
+
+
+def stride_of(cands: list[int]) -> int:
+    """The default stride over ``cands``: ``round(sqrt(m))``, at least 1."""
+    return max(1, round(math.sqrt(len(cands))))
 
 
 def sqrt_n_keep(graph, stride: int | None = None, cands: list[int] | None = None) -> list[bool]:
@@ -46,7 +51,7 @@ def sqrt_n_keep(graph, stride: int | None = None, cands: list[int] | None = None
     if cands is None:
         cands = candidates(graph)
     if stride is None:
-        stride = max(1, round(math.sqrt(len(cands))))
+        stride = stride_of(cands)
     keep = [layer.kind == "data" for layer in graph.layers]
     keep[graph.n - 1] = True
     for i in cands[stride - 1::stride]:   # the k-th candidate for k % stride == stride - 1
@@ -55,7 +60,7 @@ def sqrt_n_keep(graph, stride: int | None = None, cands: list[int] | None = None
 
 
 def default_stride(graph) -> int:
-    return max(1, round(math.sqrt(len(candidates(graph)))))
+    return stride_of(candidates(graph))
 
 
 def read_in_backward(graph) -> list[int] | None:
@@ -88,7 +93,7 @@ def forward_floor(graph, keep: list[bool], reads: list[int] | None = None) -> in
 def plan_sqrt_n(ctx: PlanContext) -> Schedule:
     g = ctx.graph
     cands = candidates(g)   # once: the scan below asks per stride
-    stride = max(1, round(math.sqrt(len(cands))))
+    stride = stride_of(cands)
     keep = sqrt_n_keep(g, stride, cands)
     s = None    # the default plan, built only where it is the answer
     if ctx.budget_bytes is not None:
