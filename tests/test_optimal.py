@@ -527,7 +527,7 @@ def test_polish_undoes_a_recomputation_memory_allows_and_keeps_one_it_needs():
     instead (the plan is liveness's again, 1 ms faster); where the budget
     needs the recomputation, it stays."""
     from snsim.policies.liveness import liveness_ops
-    from snsim.policies.optimal.polish import polish
+    from snsim.policies.polish import polish
 
     g = Graph(chain5())
     live = liveness_ops(g)
@@ -558,7 +558,7 @@ def test_polish_swaps_where_keeping_does_not_fit():
     The polished plan verifies and the simulator runs it at the polished
     time.  At 460 X2 is kept instead, and then R1, which only fed R2, is
     dropped: pure compute (7.5 ms)."""
-    from snsim.policies.optimal.polish import polish
+    from snsim.policies.polish import polish
 
     s, _ = run_optimal(Graph(chain5(SLOW)), 440)
     g = Graph(chain5())
@@ -586,7 +586,7 @@ def test_polish_trims_a_recomputation_made_only_for_saved_extras():
     without S2; kept alone (trim) S2 costs 4 bytes: the plan is liveness's
     again, 1 ms faster, and it verifies and simulates at that time."""
     from snsim.policies.liveness import liveness_ops
-    from snsim.policies.optimal.polish import polish, trim, undo
+    from snsim.policies.polish import polish, trim, undo
 
     g = Graph(make([
         L(0, "data", [], 100),

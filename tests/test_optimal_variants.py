@@ -12,7 +12,7 @@ from snsim.graph import Graph
 from snsim.policies import plan, replay
 from snsim.policies.base import PlanContext
 from snsim.policies.optimal import compute_bound_ms
-from snsim.policies.optimal.polish import polish
+from snsim.policies.polish import polish
 from snsim.policies.optimal.variants import best_variant, variant_plans
 from snsim.schedule import verify
 from snsim.schedule.ops import Schedule

@@ -8,7 +8,7 @@ with HiGHS, as a reference the heuristics are measured against.
 * :mod:`.start`: a heuristic's plan read as the model's binaries (the warm
   start: the first heuristic plan, fastest first, that is in the class and
   satisfies every row is HiGHS's first incumbent; ``stats["milp_start"]``);
-* :mod:`.polish`: the best plan's recomputations dropped, undone, trimmed or
+* :mod:`snsim.policies.polish`: the best plan's recomputations dropped, undone, trimmed or
   swapped where that is faster (``source`` ``<name>+polish``,
   ``stats["polished"]``);
 * :mod:`.variants`: ``superneurons`` under its other knob settings, polished,
@@ -72,7 +72,7 @@ from snsim.policies.finishing import finish
 from snsim.policies.optimal.bound import moment_bound
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
-from snsim.policies.optimal.polish import polish
+from snsim.policies.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
 from snsim.policies.optimal.variants import best_variant
@@ -86,7 +86,7 @@ MAX_COLUMNS = 400_000
 MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
 MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
-POLISH_S = 5.0         # at most this long polishing a plan (polish.py) ...
+POLISH_S = 5.0         # at most this long polishing a plan (snsim/policies/polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 VARIANT_S = 10.0       # at most this long on superneurons' variants (variants.py) ...
 VARIANT_SHARE = 0.25   # ... and at most this share of the time limit

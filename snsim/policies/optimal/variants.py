@@ -3,7 +3,7 @@
 
 ``superneurons`` keeps the fastest of its candidates (recompute until a
 share of the layers, a cache of a share of the budget, a prefetch distance,
-checkpoints by kind or by cost) and :mod:`.polish` then undoes, trims or
+checkpoints by kind or by cost) and :mod:`snsim.policies.polish` then undoes, trims or
 swaps that plan's recomputations.  The fastest candidate is not the one
 that polishes best: one that recomputes more, or caches less (a smaller
 cache evicts earlier, where the copy engines are idle: superneurons' note
@@ -29,7 +29,7 @@ import time
 
 from snsim.graph import Graph
 from snsim.policies import layers, replay
-from snsim.policies.optimal.polish import polish
+from snsim.policies.polish import polish
 from snsim.policies.superneurons import WIDE_LIMIT, cheap_checkpoints, planned
 
 # the grid, planned in this order (until outermost, most promising first:
