@@ -245,9 +245,7 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
                     break
             if reason is not None and share < 1.0:
                 continue   # a smaller cache that does not fit says nothing about this budget
-            more = {"ahead": ahead, **({"cache_share": share} if share < 1.0 else {}),
-                    **({"recompute_until": until} if until < 1.0 else {}),
-                    **({"checkpoints": "by cost"} if by_cost else {})}
+            more = setting_stats(ahead, share, until, by_cost)
             plan = _Plan(math.inf, kind, ops, _stats(seg_stats, cache, more), reason,
                          (kp, by_cost, until, ahead))
             if reason is None and kind == "cache-only" and not wide:
@@ -286,6 +284,15 @@ def plan_superneurons(ctx: PlanContext) -> Schedule:
     return finishing.finish("superneurons", g, ops, ctx.budget_bytes, stats, reason)
 
 
+def setting_stats(ahead: int, share: float, until: float, by_cost: bool) -> dict:
+    """A candidate's knobs as its statistics: the prefetch distance, and each
+    other knob where it is not the default (the whole budget, all segments,
+    checkpoints by kind)."""
+    return {"ahead": ahead, **({"cache_share": share} if share < 1.0 else {}),
+            **({"recompute_until": until} if until < 1.0 else {}),
+            **({"checkpoints": "by cost"} if by_cost else {})}
+
+
 def smaller_caches(g: Graph, cap: int, plan: _Plan) -> list[_Plan]:
     """``plan``'s setting with the caches of :data:`MORE_SHARES` of the budget
     that fit (note 9)."""
@@ -294,9 +301,7 @@ def smaller_caches(g: Graph, cap: int, plan: _Plan) -> list[_Plan]:
     for share in MORE_SHARES:
         ops, seg_stats, cache = planned(g, int(cap * share), "cost-aware", kp, ahead, until)
         if cache.reason is None:
-            more = {"ahead": ahead, "cache_share": share,
-                    **({"recompute_until": until} if until < 1.0 else {}),
-                    **({"checkpoints": "by cost"} if by_cost else {})}
+            more = setting_stats(ahead, share, until, by_cost)
             out.append(_Plan(math.inf, "cost-aware", ops, _stats(seg_stats, cache, more), None,
                              plan.setting))
     return out
