@@ -31,7 +31,10 @@ def status(s) -> str:
     already at a bound: no MILP was solved)."""
     s = "-" if pd.isna(s) else str(s)
     if s.startswith("optimal:"):
-        return "at moment bound" if "moment" in s else "at compute bound"
+        for bound in ("moment", "window"):
+            if bound in s:
+                return f"at {bound} bound"
+        return "at compute bound"
     return s.replace("-", " ")
 
 

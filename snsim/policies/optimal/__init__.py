@@ -29,9 +29,10 @@ valid for the formulation's schedule class, not for every schedule),
 ``optimality_gap`` ((time - bound) / time, never below 0; None without a
 MILP), ``compute_bound_ms`` / ``compute_gap`` (a bound every schedule obeys:
 each route step at its fastest algorithm), ``schedule_bound_ms`` /
-``schedule_gap`` (the larger of that and the moment bound of
-:mod:`.bound`, also valid for every schedule; ``moment_bound_ms``,
-``moment_step``, ``moment_s``), ``solve_s`` (all planning).  ``bound_ms`` is
+``schedule_gap`` (the largest of that, the moment bound of :mod:`.bound`
+and the window bound of :mod:`.window`, also valid for every schedule;
+``moment_bound_ms``, ``moment_step``, ``moment_s``, ``window_bound_ms``,
+``window_steps``, ``window_s``), ``solve_s`` (all planning).  ``bound_ms`` is
 the larger of ``schedule_bound_ms`` and the solver's bound.
 
 Scale (note 1).  The flat model has one keep binary per activation and stage
@@ -70,6 +71,7 @@ from snsim.policies import replay
 from snsim.policies.base import PlanContext
 from snsim.policies.finishing import finish
 from snsim.policies.optimal.bound import moment_bound
+from snsim.policies.optimal.window import window_bound
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.polish import polish
@@ -86,6 +88,8 @@ MAX_COLUMNS = 400_000
 MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
 MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
+WINDOW_BOUND_S = 10.0  # at most this long on the window bound (window.py) ...
+WINDOW_BOUND_SHARE = 0.15   # ... and at most this share of the time limit
 POLISH_S = 5.0         # at most this long polishing a plan (snsim/policies/polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 VARIANT_S = 10.0       # at most this long on superneurons' variants (variants.py) ...
@@ -259,12 +263,15 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     if heur is None or heur[0] > trivial * (1 + 1e-12):
         mb = moment_bound(g, cap, min(MOMENT_S, MOMENT_SHARE * time_limit),
                           MOMENT_EXACT, stats)
-        every = max(trivial, mb) if math.isfinite(mb) else trivial
+        wb = window_bound(g, cap, min(WINDOW_BOUND_S, WINDOW_BOUND_SHARE * time_limit),
+                          stats)
+        every = max([trivial] + [b for b in (mb, wb) if math.isfinite(b)])
     stats["schedule_bound_ms"] = round(every, 6)
     if heur is not None and heur[0] <= trivial * (1 + 1e-12):
         stats["status"] = "optimal: a heuristic plan runs at the compute bound"
     elif heur is not None and heur[0] <= every * (1 + 1e-9):
-        stats["status"] = "optimal: a heuristic plan runs at the moment bound"
+        which = "moment" if stats.get("moment_bound_ms", 0) >= every - 1e-6 else "window"
+        stats["status"] = f"optimal: a heuristic plan runs at the {which} bound"
     elif cols > MAX_COLUMNS:
         stats["status"] = "not-built: model too large (note 1)"
     elif ends - reserve - time.perf_counter() < need:
