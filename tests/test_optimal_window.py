@@ -127,3 +127,32 @@ def test_a_shorter_tail_is_tried_and_the_time_is_kept():
     assert b == pytest.approx(19.75, abs=1e-6)
     assert st["window_steps"] == len(g.route) and st["window_s"] < 5.5
     assert window_bound(g, 340, tails=(2,)) < b
+
+
+def test_time_the_milp_leaves_goes_to_the_longer_window(monkeypatch):
+    """When the MILP ends early and the plan is still above the bound, the
+    time left before the deadline is given to the longest tail again (a
+    longer search proves more there); its bound is kept only if larger."""
+    import snsim.policies.optimal as opt
+
+    calls = []
+    real = opt.window_bound
+
+    def spy(g, cap, seconds, stats=None, tails=opt.TAILS):
+        calls.append((round(seconds, 1), tails))
+        return real(g, cap, seconds, stats, tails)
+
+    monkeypatch.setattr(opt, "window_bound", spy)
+    monkeypatch.setattr(opt, "LEFTOVER_MIN_S", 1.0)
+    monkeypatch.setattr(opt, "LEFTOVER_GAP", -1.0)   # even at the bound
+    g = Graph(chain5(SLOW))
+    s, r = run_optimal(g, 340, seconds=8)
+    assert len(calls) == 2 and calls[1][1] == (max(opt.TAILS),) and calls[1][0] >= 1.0
+    assert s.stats["window_bound_ms"] == pytest.approx(19.75, abs=1e-6)
+    assert s.stats["schedule_bound_ms"] <= r.iteration_ms + EPS
+    assert s.stats["solve_s"] <= 8.0 + 0.5
+    monkeypatch.setattr(opt, "LEFTOVER_GAP", 0.01)
+    calls.clear()
+    s, r = run_optimal(g, 340, seconds=8)
+    gap_left = r.iteration_ms > s.stats["bound_ms"] * 1.01
+    assert len(calls) == (2 if gap_left else 1)

@@ -71,7 +71,7 @@ from snsim.policies import replay
 from snsim.policies.base import PlanContext
 from snsim.policies.finishing import finish
 from snsim.policies.optimal.bound import moment_bound
-from snsim.policies.optimal.window import window_bound
+from snsim.policies.optimal.window import TAILS, window_bound
 from snsim.policies.optimal.decode import decode
 from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.polish import polish
@@ -90,6 +90,8 @@ MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
 WINDOW_BOUND_S = 10.0  # at most this long on the window bound (window.py) ...
 WINDOW_BOUND_SHARE = 0.15   # ... and at most this share of the time limit
+LEFTOVER_MIN_S = 5.0   # time left this long after the MILP goes to the longer window ...
+LEFTOVER_GAP = 0.01    # ... where the plan is more than this far above the bound
 POLISH_S = 5.0         # at most this long polishing a plan (snsim/policies/polish.py) ...
 POLISH_SHARE = 0.1     # ... and at most this share of the time limit, per plan polished
 VARIANT_S = 10.0       # at most this long on superneurons' variants (variants.py) ...
@@ -308,6 +310,19 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
             choice = (ms, "milp+polish", ops)
     if heur is not None and (choice is None or heur[0] < choice[0] - 1e-9):
         choice = (heur[0], heur[1], heur[2].ops)
+    left = ends - time.perf_counter() - reserve
+    if (choice is not None and "window_bound_ms" in stats and left >= LEFTOVER_MIN_S
+            and choice[0] > max(every, bound or 0.0) * (1 + LEFTOVER_GAP)):
+        # the MILP ended early (an infeasible class, a cutoff): the time left
+        # goes to the longer window, whose bound grows with its search time
+        more: dict = {}
+        wb = window_bound(g, cap, left, more, tails=(max(TAILS),))
+        stats["window_s"] = round(stats["window_s"] + more["window_s"], 3)
+        if wb > every:
+            every = wb
+            stats["window_bound_ms"], stats["window_steps"] = more["window_bound_ms"], max(TAILS)
+            stats["schedule_bound_ms"] = round(every, 6)
+            bound = every if bound is None else max(bound, every)
     stats["solve_s"] = round(time.perf_counter() - t0, 3)
     if choice is None:
         from snsim.policies.liveness import liveness_ops
