@@ -77,6 +77,7 @@ from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
+from snsim.policies.optimal.tail import best_tail
 from snsim.policies.optimal.variants import best_variant
 from snsim.schedule.ops import Schedule
 
@@ -86,10 +87,12 @@ FLAT_LIMIT = 60_000
 WINDOW = 8
 MAX_COLUMNS = 400_000
 MOMENT_S = 10.0        # at most this long on the moment bound (bound.py) ...
-MOMENT_SHARE = 0.15    # ... and at most this share of the time limit
+MOMENT_SHARE = 0.1    # ... and at most this share of the time limit
 MOMENT_EXACT = 3       # moments solved as MILPs after the LP screening
 WINDOW_BOUND_S = 10.0  # at most this long on the window bound (window.py) ...
-WINDOW_BOUND_SHARE = 0.15   # ... and at most this share of the time limit
+WINDOW_BOUND_SHARE = 0.1   # ... and at most this share of the time limit
+TAIL_S = 15.0          # at most this long re-planning the best plan's tail (tail.py) ...
+TAIL_SHARE = 0.15      # ... and at most this share of the time limit
 LEFTOVER_MIN_S = 5.0   # time left this long after the MILP goes to the longer window ...
 LEFTOVER_GAP = 0.01    # ... where the plan is more than this far above the bound
 POLISH_S = 5.0         # at most this long polishing a plan (snsim/policies/polish.py) ...
@@ -254,8 +257,15 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
             name = "superneurons"
         if undone:
             stats["polished"] = undone
-        if undone or got is not None:
-            plans.insert(0, (ms, f"{name}+polish", Schedule(name, ops, ctx.budget_bytes)))
+        tail = None
+        if ms > trivial * (1 + 1e-12):
+            tail = best_tail(g, cap, ops, ms, min(TAIL_S, TAIL_SHARE * time_limit))
+        if tail is not None:
+            ms, ops, stats["tail_steps"] = tail
+        if undone or got is not None or tail is not None:
+            label = f"{name}+polish" if undone or got is not None else name
+            label += "+tail" if tail is not None else ""
+            plans.insert(0, (ms, label, Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
     cols = columns_estimate(g)
     reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)

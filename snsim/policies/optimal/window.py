@@ -123,6 +123,8 @@ class WindowModel:
             v = D.get((k, t))
             return {} if v is None else {v: 1.0}
 
+        self.present = present
+
         # memory at each step
         for k, room in zip(range(a, b + 1), rooms):
             terms = {D[k, t]: g.size(t) / MiB for t in tensors if (k, t) in D and g.size(t)}
@@ -137,6 +139,7 @@ class WindowModel:
         rm: dict = {}
         arr: dict = {}
         kc_rows: dict = {}   # gap g -> {column: MiB} of what stays through it
+        self.level_rows: dict = {}   # (gap, layer) -> index of its recomputation's level row
         made_in = {t for t in tensors if mo.prod[t] >= a}
         for gap in range(a + 1, b + 1):
             for j in sorted(layers):
@@ -206,6 +209,7 @@ class WindowModel:
                     if t in of:
                         terms.pop(of[t], None)
                 terms[r] = g.least_step_bytes(("R", j)) / MiB
+                self.level_rows[gap, j] = len(m.rows)
                 m.row(terms, hi=(cap - static - mo.born[gap]) / MiB)
         self.D, self.T, self.h, self.rm, self.arr = D, T, h, rm, arr
         # compute stream

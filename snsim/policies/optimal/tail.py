@@ -1,0 +1,226 @@
+"""A primal heuristic from the window model (:mod:`.window`): the best plan's
+last route steps planned again by the window's MILP, its solution decoded
+into ops and spliced after the plan's own prefix (DESIGN 6a, "Tail splice").
+
+The window model is a relaxation of every schedule over the route's last
+steps.  Restricted to what the plan's prefix leaves (what is allocated at
+the window's first step is fixed to what the prefix holds there; a tensor
+made before the window is copied in only if the prefix offloaded it; a
+recomputation never remakes a tensor still allocated), its solutions read
+as schedules of the tail: per gap between two computes, frees, the
+recomputations (their inputs copied in and waited for first), copies in for
+later steps, then the step (waiting for what it reads).  A tensor made in
+the window and copied back later is offloaded right after its maker.  The
+relaxation's leftovers (the level inside a gap, copies ending by a later
+reader than a recomputation) may make a decoded tail slower or not fit: the
+spliced plan is kept only if it passes the ledger's rules, fits the
+capacity and is faster by the simulator's rules (:func:`replay.estimate_ms`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from snsim.errors import ScheduleError
+from snsim.graph import Graph
+from snsim.policies import replay
+from snsim.policies.optimal import child
+from snsim.policies.optimal.bound import Moments
+from snsim.policies.optimal.milp import MiB
+from snsim.policies.optimal.solve import solve
+from snsim.policies.optimal.window import ISOLATE_NONZEROS, WindowModel
+from snsim.schedule import ledger
+from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
+
+
+class Unusable(Exception):
+    """The window's solution does not read as a schedule of the tail."""
+
+
+def holding(graph: Graph, ops: list[Op]) -> tuple[set, set, set]:
+    """(allocated, in flight, with a host copy) after ``ops``."""
+    held, flight, host = set(), set(), set()
+    for o in ops:
+        kind = type(o)
+        if kind is Compute:
+            held.update(graph.allocs_map[o.step])
+            continue
+        t = o.tensor
+        if kind is Free:
+            held.discard(t)
+            flight.discard(t)
+        elif kind is Offload:
+            host.add(t)
+        elif kind is Prefetch:
+            held.add(t)
+            flight.add(t)
+        elif kind is Wait:
+            flight.discard(t)
+    return held, flight, host
+
+
+def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: float
+           ) -> tuple[float, list[Op]] | None:
+    """(ms, ops): ``ops`` with its last ``steps`` route steps planned by the
+    window model, if that passes the ledger, fits ``cap`` and is faster than
+    ``ms``; None otherwise (or when the tail holds shared storage)."""
+    mo = Moments(g)
+    a = mo.K - steps
+    if a <= 0:
+        return None
+    route_at = [i for i, o in enumerate(ops) if type(o) is Compute and o.phase in "FB"]
+    if len(route_at) != mo.K:
+        return None
+    prefix = ops[:route_at[a] + 1]
+    algo = {ops[i].step: ops[i].algo for i in route_at}
+    held, flight, host = holding(g, prefix)
+    w = WindowModel(mo, cap, a, mo.K - 1)
+    if w.milp is None or (w.tensors | held) & mo.skip:
+        return None
+    m = w.milp
+    for (k, t), v in w.D.items():
+        if k == a:
+            m.lb[v] = m.ub[v] = 1.0 if t in held else 0.0
+    for (gap, t), v in w.h.items():
+        if mo.prod[t] < a and t not in host:
+            m.ub[v] = 0.0
+    for (gap, j), v in w.rm.items():
+        for u in g.allocs_map[("R", j)]:
+            before = w.present(gap - 1, u)
+            if before is None:
+                m.ub[v] = 0.0
+            elif before:
+                terms = {v: 1.0}
+                terms.update(before)
+                m.row(terms, hi=1.0)   # never remakes what is still allocated
+    # what the decoded gap holds when a recomputation runs: the outputs of the
+    # gap's earlier recomputations too (the bound need not count them)
+    for (gap, j), idx in w.level_rows.items():
+        cols, vals, lo, hi = m.rows[idx]
+        io = set(g.needs_map[("R", j)]) | set(g.allocs_map[("R", j)])
+        cols, vals = list(cols), list(vals)
+        copied = set()
+        for i in sorted(mo.rc):
+            v = w.rm.get((gap, i))
+            if i >= j or v is None:
+                continue
+            extra = sum(g.size(u) for u in g.allocs_map[("R", i)] if u not in io)
+            if extra:
+                cols.append(v)
+                vals.append(extra / MiB)
+            copied.update(t for t in g.needs_map[("R", i)] if t not in io)
+        for t in sorted(copied):   # copied in for an earlier one, held until the step
+            v = w.h.get((gap, t))
+            if v is not None and g.size(t):
+                cols.append(v)
+                vals.append(g.size(t) / MiB)
+        m.rows[idx] = (cols, vals, lo, hi)
+    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
+    sol = solve(m, seconds, isolate=big)
+    if sol.values is None:
+        return None
+    try:
+        tail = decode(g, w, sol.values, held & set(g.sizes), flight, host, algo)
+    except Unusable:
+        return None
+    new = prefix + tail
+    try:
+        ledger.walk(g, replay.with_optimizer_step(g, new))
+    except ScheduleError:
+        return None
+    if replay.planned_peak(g, new, cap)[1] is not None:
+        return None
+    t = replay.estimate_ms(g, new, cap, ms)
+    return (t, new) if t < ms - 1e-9 else None
+
+
+def decode(g: Graph, w: WindowModel, x: list[float], held: set, flight: set, host: set,
+           algo: dict) -> list[Op]:
+    """The tail's ops from the window model's solution ``x`` (see the module)."""
+    mo, a, b = w.mo, w.a, w.b
+    on = lambda v: v is not None and x[v] > 0.5   # noqa: E731
+    held, flight, host = set(held), set(flight), set(host)
+    copied_later: dict = {}   # tensor made in the window -> copied back at some gap
+    for (gap, t), v in w.h.items():
+        if on(v) and mo.prod[t] >= a:
+            copied_later[t] = True
+    out: list[Op] = []
+
+    def ready(t, gap: int) -> None:
+        if t not in held:
+            if not on(w.h.get((gap, t))) or t not in host:
+                raise Unusable(f"gap {gap}: {t} is neither there nor copied in")
+            out.append(Prefetch(t))
+            held.add(t)
+            flight.add(t)
+        if t in flight:
+            out.append(Wait(t))
+            flight.discard(t)
+
+    def release(keep: set) -> None:
+        for t in sorted(held - keep):
+            if t in flight:
+                out.append(Wait(t))
+                flight.discard(t)
+            out.append(Free(t))
+            held.discard(t)
+
+    for gap in range(a + 1, b + 1):
+        step = g.route[gap]
+        there = {t for t in held | set(w.tensors) if w.present(gap, t) is None
+                 or on(next(iter(w.present(gap, t)), None))}
+        there |= set(g.needs_map[step])
+        for t in sorted(held):
+            if t in copied_later and t not in host:
+                out.append(Offload(t))
+                host.add(t)
+        remakes = sorted(j for (k, j), v in w.rm.items() if k == gap and on(v))
+        inputs = {x_ for j in remakes for x_ in g.needs_map[("R", j)]}
+        # one the model copies in again in this gap goes first (it may leave and
+        # come back around the recomputations: that is what its level counts)
+        again = {t for t in held if on(w.h.get((gap, t))) and t in host and t not in inputs}
+        release((there | inputs) - again)
+        for i, j in enumerate(remakes):
+            for t in g.needs_map[("R", j)]:
+                ready(t, gap)
+            made = g.allocs_map[("R", j)]
+            if any(u in held for u in made):
+                raise Unusable(j)
+            out.append(Compute("R", j))
+            held.update(made)
+            # what no later recomputation of the gap reads and step gap does not
+            # keep goes at once
+            release(there | {t for k in remakes[i + 1:] for t in g.needs_map[("R", k)]})
+        release(there)
+        for t in sorted(there - held):
+            if on(w.h.get((gap, t))) and t in host:
+                out.append(Prefetch(t))
+                held.add(t)
+                flight.add(t)
+        for t in g.needs_map[step]:
+            ready(t, gap)
+        out.append(Compute(step[0], step[1], algo.get(step, 0)))
+        held.update(g.allocs_map[step])
+    release(set())
+    return out
+
+
+TAILS = (40, 20)   # tried in this order: 40 first (ResNet-50 b32 1.25x: 1.32 -> 1.17
+                   # x compute in 10 s; 30 steps 1.24; 60 found no plan in 20 s)
+
+
+def best_tail(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float,
+              tails: tuple[int, ...] = TAILS) -> tuple[float, list[Op], int] | None:
+    """The first of :func:`splice` over ``tails`` that is faster than ``ms``
+    within about ``seconds`` (the first tail three quarters of them): (ms, ops,
+    steps), or None."""
+    t0 = time.perf_counter()
+    for i, n in enumerate(tails):
+        left = seconds - (time.perf_counter() - t0)
+        if left <= 0.1:
+            break
+        share = left * 0.75 if i < len(tails) - 1 else left
+        got = splice(g, cap, ops, ms, n, share)
+        if got is not None:
+            return got[0], got[1], n
+    return None
