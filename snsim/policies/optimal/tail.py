@@ -116,7 +116,7 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
                 vals.append(g.size(t) / MiB)
         m.rows[idx] = (cols, vals, lo, hi)
     big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
-    sol = solve(m, seconds, isolate=big)
+    sol = solve(m, seconds, isolate=big, start=own_start(g, w, ops[route_at[a] + 1:], held))
     if sol.values is None:
         return None
     try:
@@ -132,6 +132,36 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
         return None
     t = replay.estimate_ms(g, new, cap, ms)
     return (t, new) if t < ms - 1e-9 else None
+
+
+def own_start(g: Graph, w: WindowModel, tail: list[Op], held: set
+              ) -> tuple[list[int], list[float]]:
+    """The plan's own tail read as the model's binaries (what is allocated at
+    each step, the copies in and the recomputations of each gap): the
+    solver's first incumbent where it satisfies every row (the restrictions
+    above may refuse it; the search then starts from nothing)."""
+    held = set(held)
+    gap, ones = w.a + 1, {w.D.get((w.a, t)) for t in held}
+    for o in tail:
+        kind = type(o)
+        if kind is Compute:
+            if o.phase == "R":
+                ones.add(w.rm.get((gap, o.layer)))
+                held.update(g.allocs_map[o.step])
+                continue
+            ones.update(w.D.get((gap, t)) for t in held)
+            held.update(g.allocs_map[o.step])
+            gap += 1
+            if gap > w.b:
+                break
+        elif kind is Prefetch:
+            ones.add(w.h.get((gap, o.tensor)))
+            held.add(o.tensor)
+        elif kind is Free:
+            held.discard(o.tensor)
+    ones.discard(None)
+    cols = sorted(ones)
+    return cols, [1.0] * len(cols)
 
 
 def decode(g: Graph, w: WindowModel, x: list[float], held: set, flight: set, host: set,
