@@ -175,21 +175,17 @@ def recompute(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
     made = g.allocs_map.get(step)
     if made is None or t not in made:
         return None
-    resident = held(g, ops, w)
-    extra = [u for u in made if u != t and u not in resident]
     drop = {p}
     moves = []
     for u in g.needs_map[step]:
-        if u in resident:
-            continue
-        k = w - 1
-        while k >= 0 and getattr(ops[k], "tensor", None) != u and not (
-                type(ops[k]) is Compute and u in g.allocs_map.get(ops[k].step, ())):
-            k -= 1
-        if k < 0 or type(ops[k]) is not Free:
+        k = last_made_or_touched(g, ops, w, u)
+        if k < 0:
             return None
-        drop.add(k)
-        moves.append(Free(u))
+        if type(ops[k]) is Free:   # kept to the recomputation instead
+            drop.add(k)
+            moves.append(Free(u))
+    extra = [u for u in made if u != t and not (
+        (k := last_made_or_touched(g, ops, w, u)) >= 0 and type(ops[k]) is not Free)]
     without_offload(ops, drop, p)
     out: list[Op] = []
     for k, o in enumerate(ops):
@@ -204,17 +200,14 @@ def recompute(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
     return out
 
 
-def held(g: Graph, ops: list[Op], k: int) -> set:
-    """The tensors resident (or prefetched) right before op ``k``, by the ops
-    alone (no rules checked: the ledger's walk does that)."""
-    live: set = set()
+def last_made_or_touched(g: Graph, ops: list[Op], w: int, u) -> int:
+    """Index of the last op before ``w`` that names tensor ``u`` or computes it
+    (-1 if none): ``u`` is on the device at ``w`` unless that op is a free."""
     allocs = g.allocs_map
-    for o in ops[:k]:
-        tp = type(o)
-        if tp is Compute:
-            live.update(allocs.get(o.step, ()))
-        elif tp is Free:
-            live.discard(o.tensor)
-        elif tp is Prefetch:
-            live.add(o.tensor)
-    return live
+    k = w - 1
+    while k >= 0:
+        o = ops[k]
+        if getattr(o, "tensor", None) == u or (type(o) is Compute and u in allocs[o.step]):
+            return k
+        k -= 1
+    return -1
