@@ -1,7 +1,8 @@
 """Polish a plan by undoing its recomputations, or swapping instead, where
-that is faster (a primal heuristic of ``optimal``, and ``superneurons``' refinement; it
-improves a plan, it proves nothing).  A helper of the policies, not a
-policy (the registry skips it).
+that is faster, and by retiming, keeping or recomputing its swaps
+(:mod:`snsim.policies.retime`) (a primal heuristic of ``optimal``, and
+``superneurons``' refinement; it improves a plan, it proves nothing).  A
+helper of the policies, not a policy (the registry skips it).
 
 A recomputation ``Compute R j`` remakes what an earlier free released.
 Undoing it keeps those tensors instead: the last ``Free`` of each tensor the
