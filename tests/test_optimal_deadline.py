@@ -217,7 +217,10 @@ def test_cli_json_is_one_object_when_the_search_is_isolated(tmp_path, capfd, mon
                  "--time-limit", "5", "--json"]) == 0
     out = capfd.readouterr().out
     d = json.loads(out)
-    assert d["policy"] == "optimal" and d["policy_stats"]["status"] == "optimal"
+    # superneurons' plan (its swaps refined) runs at the class's optimum here: the
+    # isolated search proves that no plan of the class is faster (``cutoff``)
+    assert d["policy"] == "optimal" and d["policy_stats"]["status"] in ("optimal", "cutoff")
+    assert d["policy_stats"]["optimality_gap"] == 0.0
 
 
 @posix

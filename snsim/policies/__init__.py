@@ -19,7 +19,8 @@ from snsim.policies.base import (FEATURES, OPTIONS, PlanContext, Planner, Policy
 
 _REGISTRY: dict[str, PolicyInfo] = {}
 _loaded = False
-_INTERNAL = {"base", "cache", "dtr_pool", "finishing", "layers", "polish", "replay", "sequences"}  # helpers
+_INTERNAL = {"base", "cache", "dtr_pool", "finishing", "layers", "polish", "replay", "retime",
+             "sequences"}  # helpers
 
 
 def register(name: str, summary: str, order: int = 100, needs: tuple[str, ...] = (),

@@ -1,7 +1,8 @@
 """Polish a plan by undoing its recomputations, or swapping instead, where
-that is faster (a primal heuristic of ``optimal``, and ``superneurons``' refinement; it
-improves a plan, it proves nothing).  A helper of the policies, not a
-policy (the registry skips it).
+that is faster, and by retiming, keeping or recomputing its swaps
+(:mod:`snsim.policies.retime`) (a primal heuristic of ``optimal``, and
+``superneurons``' refinement; it improves a plan, it proves nothing).  A
+helper of the policies, not a policy (the registry skips it).
 
 A recomputation ``Compute R j`` remakes what an earlier free released.
 Undoing it keeps those tensors instead: the last ``Free`` of each tensor the
@@ -39,7 +40,7 @@ import time
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph
-from snsim.policies import replay
+from snsim.policies import replay, retime
 from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
@@ -198,14 +199,38 @@ def variants(g: Graph, ops: list[Op], r: int, backs: tuple[int, ...] = BACKS,
 def polish(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float
            ) -> tuple[float, list[Op], int]:
     """(ms, ops, changed): ``ops`` with every recomputation dropped, undone or
-    swapped instead that makes the plan faster and still fitting ``cap``, one
-    at a time, within about ``seconds``: the better of two greedy orders,
-    latest first (a recomputation that only fed a later one, once that one is
-    undone, can go) and costliest first."""
+    swapped instead, then every swap retimed, kept or recomputed instead
+    (:mod:`.retime`), that makes the plan faster and still fitting ``cap``,
+    one at a time, within about ``seconds``.  Each kind of move is the better
+    of two greedy orders, latest first (a recomputation that only fed a later
+    one, once that one is undone, can go) and costliest first; the
+    recomputations get the first half of the time, the swaps what is left
+    (``RECOMPUTE_SHARE``); a swap's change frees memory or a copy engine's
+    time, so the recomputations are tried once more after them."""
     t0 = time.perf_counter()
-    latest = greedy(g, cap, ops, ms, seconds / 2, lambda o, i: -i)
+    ends = t0 + seconds
+    ms, ops, changed = both_orders(g, cap, ops, ms, RECOMPUTE_SHARE * seconds, False)
+    ms, ops, moved = both_orders(g, cap, ops, ms, ends - time.perf_counter(), True)
+    if moved:
+        ms, ops, more = greedy(g, cap, ops, ms, ends - time.perf_counter(),
+                               costliest_first(g))
+        moved += more
+    return ms, ops, changed + moved
+
+
+# the share of polish's time the recomputations' moves get first (the swaps' the rest)
+RECOMPUTE_SHARE = 0.5
+
+
+def both_orders(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float,
+                swaps: bool) -> tuple[float, list[Op], int]:
+    """The better of :func:`greedy` latest first (half of ``seconds``) and
+    costliest first (the rest), on the recomputations or (``swaps``) the
+    prefetches."""
+    t0 = time.perf_counter()
+    latest = greedy(g, cap, ops, ms, seconds / 2, lambda o, i: -i, swaps=swaps)
     left = max(0.0, seconds - (time.perf_counter() - t0))
-    costliest = greedy(g, cap, ops, ms, left, costliest_first(g))
+    costliest = greedy(g, cap, ops, ms, left, costliest_first(g), swaps=swaps)
     return min(latest, costliest, key=lambda x: x[0])
 
 
@@ -230,14 +255,26 @@ def refine(g: Graph, cap: int, ops: list[Op], ms: float, work: Work
                   backs=REFINE_BACKS, work=work, dropped=False)
 
 
+def refine_swaps(g: Graph, cap: int, ops: list[Op], ms: float, work: Work
+                 ) -> tuple[float, list[Op], int]:
+    """:func:`polish`'s moves on swaps (:mod:`.retime`) bounded by work, not
+    time (``superneurons``' note 10): largest prefetch first, in passes until
+    one changes nothing or ``work.left`` plans are estimated."""
+    return greedy(g, cap, ops, ms, math.inf, costliest_first(g), work=work, swaps=True)
+
+
 def costliest_first(g: Graph):
-    """A :func:`greedy` order: the recomputation that takes longest first."""
-    return lambda o, i: -g.step_ms(o.step, o.algo)
+    """A :func:`greedy` order: the recomputation, or the prefetch's copy, that
+    takes longest first."""
+    h2d_ms = 1e3 / g.trace.device.h2d_Bps
+    return lambda o, i: (-g.step_ms(o.step, o.algo) if type(o) is Compute
+                         else -g.sizes[o.tensor] * h2d_ms)
 
 
 def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
            passes: int | None = None, backs: tuple[int, ...] = BACKS,
-           work: Work | None = None, dropped: bool = True) -> tuple[float, list[Op], int]:
+           work: Work | None = None, dropped: bool = True, swaps: bool = False
+           ) -> tuple[float, list[Op], int]:
     """:func:`polish` in one order (``key(op, index)``, least first), in passes:
     each recomputation not yet tried in this pass (one is known by its op
     and the route step it precedes, which changes elsewhere do not move) is
@@ -248,7 +285,9 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
     again: on ResNet-50 b32 at 2x it ran out of its 5 s before converging.
     At most ``passes`` passes (None: until one changes nothing); swaps
     ``backs`` computes ahead; at most ``work.left`` plans estimated; drops
-    tried if ``dropped``."""
+    tried if ``dropped``.  With ``swaps`` the sites are the prefetches
+    instead, each with :func:`retime.variants` (one is known by its tensor
+    and the route step its wait precedes, which moving it does not change)."""
     t0 = time.perf_counter()
     left = math.inf if passes is None else passes
     work = Work() if work is None else work
@@ -258,9 +297,13 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
     moved = False
     while time.perf_counter() - t0 < seconds:
         at = stages(ops)
-        cands = sorted((i for i, o in enumerate(ops)
-                        if type(o) is Compute and o.phase == "R" and (o, at[i]) not in tried),
-                       key=lambda i: key(ops[i], i))
+        if swaps:
+            site = {i: (ops[i], at[w]) for i, w in retime.waits(ops).items()}
+        else:
+            site = {i: (o, at[i]) for i, o in enumerate(ops)
+                    if type(o) is Compute and o.phase == "R"}
+        cands = sorted((i for i, s in site.items() if s not in tried),
+                       key=lambda i: (key(ops[i], i), i))
         if not cands:
             left -= 1
             if not moved or left <= 0:
@@ -268,9 +311,11 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
             tried, moved = set(), False   # another pass over all of them
             continue
         i = cands[0]
-        tried.add((ops[i], at[i]))
+        tried.add(site[i])
         better = None
-        for new in variants(g, ops, i, backs, dropped):
+        tries = (retime.variants(g, ops, i, retime.BACKS) if swaps
+                 else variants(g, ops, i, backs, dropped))
+        for new in tries:
             if new is None:
                 continue
             if work.left <= 0:
