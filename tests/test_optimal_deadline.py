@@ -207,20 +207,17 @@ def test_the_child_dies_with_its_parent(tmp_path):
 def test_cli_json_is_one_object_when_the_search_is_isolated(tmp_path, capfd, monkeypatch):
     from snsim.cli import main
 
-    import snsim.policies.optimal as opt
-
     monkeypatch.setattr(solve_mod, "ISOLATE_NONZEROS", 0)
-    # no tail re-planned: its plan runs at the window bound there, and no MILP is solved
-    monkeypatch.setattr(opt, "TAIL_S", 0.0)
-    trace = Path(__file__).resolve().parents[1] / "traces" / "k40c_alexnet_b128.json"
-    assert main(["simulate", str(trace), "--policy", "optimal", "--budget", "1.05xlb",
+    # VGG-16 b16 at 1.10x: superneurons' plan (1.0083 x compute) is above the
+    # bounds, so the MILP is built and searched, in a child here
+    trace = Path(__file__).resolve().parents[1] / "traces" / "k40c_vgg16_b16.json"
+    assert main(["simulate", str(trace), "--policy", "optimal", "--budget", "1.10xlb",
                  "--time-limit", "5", "--json"]) == 0
     out = capfd.readouterr().out
     d = json.loads(out)
-    # superneurons' plan (its swaps refined) runs at the class's optimum here: the
-    # isolated search proves that no plan of the class is faster (``cutoff``)
-    assert d["policy"] == "optimal" and d["policy_stats"]["status"] in ("optimal", "cutoff")
-    assert d["policy_stats"]["optimality_gap"] == 0.0
+    st = d["policy_stats"]
+    assert d["policy"] == "optimal" and st["milp_columns"] > 0
+    assert st["status"] in ("optimal", "cutoff", "time-limit")
 
 
 @posix

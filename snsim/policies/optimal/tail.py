@@ -64,6 +64,7 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
     """(ms, ops): ``ops`` with its last ``steps`` route steps planned by the
     window model, if that passes the ledger, fits ``cap`` and is faster than
     ``ms``; None otherwise (or when the tail holds shared storage)."""
+    t0 = time.perf_counter()
     mo = Moments(g)
     a = mo.K - steps
     if a <= 0:
@@ -95,15 +96,17 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
                 m.row(terms, hi=1.0)   # never remakes what is still allocated
     # what the decoded gap holds when a recomputation runs: the outputs of the
     # gap's earlier recomputations too (the bound need not count them)
+    in_gap: dict = {}
+    for (gap, i), v in w.rm.items():
+        in_gap.setdefault(gap, []).append((i, v))
     for (gap, j), idx in w.level_rows.items():
         cols, vals, lo, hi = m.rows[idx]
         io = set(g.needs_map[("R", j)]) | set(g.allocs_map[("R", j)])
         cols, vals = list(cols), list(vals)
         copied = set()
-        for i in sorted(mo.rc):
-            v = w.rm.get((gap, i))
-            if i >= j or v is None:
-                continue
+        for i, v in sorted(in_gap[gap]):
+            if i >= j:
+                break
             extra = sum(g.size(u) for u in g.allocs_map[("R", i)] if u not in io)
             if extra:
                 cols.append(v)
@@ -116,7 +119,11 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
                 vals.append(g.size(t) / MiB)
         m.rows[idx] = (cols, vals, lo, hi)
     big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
-    sol = solve(m, seconds, isolate=big, start=own_start(g, w, ops[route_at[a] + 1:], held))
+    start = own_start(g, w, ops[route_at[a] + 1:], held)
+    left = seconds - (time.perf_counter() - t0)
+    if left < 0.1:
+        return None   # the model took the time: no search
+    sol = solve(m, left, isolate=big, start=start)
     if sol.values is None:
         return None
     try:
@@ -235,22 +242,28 @@ def decode(g: Graph, w: WindowModel, x: list[float], held: set, flight: set, hos
     return out
 
 
-TAILS = (40, 20)   # tried in this order: 40 first (ResNet-50 b32 1.25x: 1.32 -> 1.17
-                   # x compute in 10 s; 30 steps 1.24; 60 found no plan in 20 s)
+MIN_S_PER_STEP = 0.05   # a window of n steps is tried with n x this long or more (its
+                        # model: 0.1-0.2 s to build for 40 steps, ~1 s for 80, on ResNet-50)
+TAILS = (40, 80)   # in turn, each from the plan the one before left (ResNet-50 b32 at
+                   # 1.25x, superneurons' plan: 1.1794 -> 1.1641 in 10 s -> 1.1507 in 20 s;
+                   # 20 steps less, 60 from superneurons' plan found nothing in 20 s:
+                   # the longer window needs the shorter one's plan as its start)
 
 
 def best_tail(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float,
               tails: tuple[int, ...] = TAILS) -> tuple[float, list[Op], int] | None:
-    """The first of :func:`splice` over ``tails`` that is faster than ``ms``
-    within about ``seconds`` (the first tail three quarters of them): (ms, ops,
-    steps), or None."""
+    """:func:`splice` over ``tails`` in turn, each from the best plan so far,
+    within about ``seconds`` (the first a third of them, the last what is
+    left): (ms, ops, the longest tail that improved it), or None."""
     t0 = time.perf_counter()
+    best = None
     for i, n in enumerate(tails):
         left = seconds - (time.perf_counter() - t0)
-        if left <= 0.1:
-            break
-        share = left * 0.75 if i < len(tails) - 1 else left
+        share = left / 3 if i < len(tails) - 1 else left
+        if share < n * MIN_S_PER_STEP:
+            continue   # not time enough to build this window's model and search it
         got = splice(g, cap, ops, ms, n, share)
         if got is not None:
-            return got[0], got[1], n
-    return None
+            ms, ops = got
+            best = (ms, ops, n)
+    return best
