@@ -78,6 +78,36 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
     w = WindowModel(mo, cap, a, mo.K - 1)
     if w.milp is None or (w.tensors | held) & mo.skip:
         return None
+    restrict(g, w, held, host)
+    m = w.milp
+    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
+    start = own_start(g, w, ops[route_at[a] + 1:], held)
+    left = seconds - (time.perf_counter() - t0)
+    if left < 0.1:
+        return None   # the model took the time: no search
+    sol = solve(m, left, isolate=big, start=start)
+    if sol.values is None:
+        return None
+    try:
+        tail = decode(g, w, sol.values, held & set(g.sizes), flight, host, algo)
+    except Unusable:
+        return None
+    new = prefix + tail
+    try:
+        ledger.walk(g, replay.with_optimizer_step(g, new))
+    except ScheduleError:
+        return None
+    if replay.planned_peak(g, new, cap)[1] is not None:
+        return None
+    t = replay.estimate_ms(g, new, cap, ms)
+    return (t, new) if t < ms - 1e-9 else None
+
+
+def restrict(g: Graph, w: WindowModel, held: set, host: set) -> None:
+    """Restrict the window model ``w`` (from step ``w.a``) to what a plan whose
+    prefix leaves ``held`` allocated and ``host`` on the host can continue
+    with (see the module), in place."""
+    mo, a = w.mo, w.a
     m = w.milp
     for (k, t), v in w.D.items():
         if k == a:
@@ -118,27 +148,6 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
                 cols.append(v)
                 vals.append(g.size(t) / MiB)
         m.rows[idx] = (cols, vals, lo, hi)
-    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
-    start = own_start(g, w, ops[route_at[a] + 1:], held)
-    left = seconds - (time.perf_counter() - t0)
-    if left < 0.1:
-        return None   # the model took the time: no search
-    sol = solve(m, left, isolate=big, start=start)
-    if sol.values is None:
-        return None
-    try:
-        tail = decode(g, w, sol.values, held & set(g.sizes), flight, host, algo)
-    except Unusable:
-        return None
-    new = prefix + tail
-    try:
-        ledger.walk(g, replay.with_optimizer_step(g, new))
-    except ScheduleError:
-        return None
-    if replay.planned_peak(g, new, cap)[1] is not None:
-        return None
-    t = replay.estimate_ms(g, new, cap, ms)
-    return (t, new) if t < ms - 1e-9 else None
 
 
 def own_start(g: Graph, w: WindowModel, tail: list[Op], held: set
