@@ -47,9 +47,18 @@ def test_moment_bound_never_exceeds_the_brute_forced_optimum(trace, device):
     from dataclasses import replace
 
     g = Graph(trace() if device is None else replace(trace(), device=device))
-    above_compute = 0
+    above_compute = sum(b > g.compute_ms + EPS for b in below_brute_force(g, moment_bound))
+    if device is SLOW:
+        assert above_compute   # on a slow link the bound says more than compute
+
+
+def below_brute_force(g, bound) -> list[float]:
+    """``bound(g, budget)`` at each of :func:`budgets`, each checked to be at most
+    the best schedule known (the brute force's, or optimal's plan if faster),
+    and so is the policy's own ``schedule_bound_ms``."""
+    out = []
     for budget in budgets(g):
-        b = moment_bound(g, budget)
+        b = bound(g, budget)
         best = brute_best(g, budget)
         s, r = run_optimal(g, budget)
         if r.feasible:
@@ -57,35 +66,45 @@ def test_moment_bound_never_exceeds_the_brute_forced_optimum(trace, device):
         assert math.isfinite(best), budget
         assert b <= best + EPS, (budget, b, best)
         assert s.stats["schedule_bound_ms"] <= best + EPS
-        above_compute += b > g.compute_ms + EPS
-    if device is SLOW:
-        assert above_compute   # on a slow link the bound says more than compute
+        out.append(b)
+    return out
 
 
 def test_moment_bound_below_every_heuristic_on_random_dags():
     """Every registered policy's feasible plan is a schedule, so its simulated
     time is at least the bound (random DAGs, four budgets each, with a slow
     link on half of them so that copies cost)."""
-    from dataclasses import replace
-
     checked = above = 0
-    for seed in range(30):
-        t = synth.random_dag(seed, 6 + seed % 10)
-        if seed % 2:
-            t = replace(t, device=SLOW)
-        g = Graph(t)
+    for seed, g in random_graphs():
         for budget in budgets(g):
             b = moment_bound(g, budget)
             above += b > g.compute_ms + EPS
-            for p in names():
-                if get(p).needs - {"backward"} or (get(p).needs and not any(
-                        s[0] == "B" for s in g.route)):
-                    continue
-                r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
-                if r.feasible:
-                    checked += 1
-                    assert b <= r.iteration_ms + EPS, (seed, budget, p, b, r.iteration_ms)
+            checked += below_every_policy(g, budget, b, seed)
     assert checked > 200 and above > 10   # the sweep has teeth
+
+
+def random_graphs(n: int = 30):
+    """(seed, graph) of ``n`` random DAGs, a slow link on the odd seeds (copies cost)."""
+    from dataclasses import replace
+
+    for seed in range(n):
+        t = synth.random_dag(seed, 6 + seed % 10)
+        yield seed, Graph(replace(t, device=SLOW) if seed % 2 else t)
+
+
+def below_every_policy(g, budget, b, seed) -> int:
+    """How many registered policies have a feasible plan at ``budget``; each
+    one's simulated time is checked to be at least the bound ``b``."""
+    checked = 0
+    for p in names():
+        if get(p).needs - {"backward"} or (get(p).needs and not any(
+                s[0] == "B" for s in g.route)):
+            continue
+        r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
+        if r.feasible:
+            checked += 1
+            assert b <= r.iteration_ms + EPS, (seed, budget, p, b, r.iteration_ms)
+    return checked
 
 
 @pytest.mark.parametrize("name", ["k40c_alexnet_b128", "k40c_vgg16_b32"])

@@ -10,19 +10,18 @@ from dataclasses import replace
 
 import pytest
 
-from snsim import synth
 from snsim.graph import Graph
-from snsim.policies import get, names, plan
+from snsim.policies import plan
 from snsim.policies.base import PlanContext
 from snsim.sim import simulate
 
 highspy = pytest.importorskip("highspy")
 
-from snsim.policies.optimal.bound import Moments, moment_bound  # noqa: E402
-from snsim.policies.optimal.window import WindowModel, window_bound  # noqa: E402
-from snsim.policies.optimal.solve import solve  # noqa: E402
+from snsim.policies.optimal.bound import moment_bound  # noqa: E402
+from snsim.policies.optimal.window import window_bound  # noqa: E402
 from test_optimal import SLOW, brute_best, chain4, chain5, residual, run_optimal  # noqa: E402
-from test_optimal_bound import budgets, head  # noqa: E402
+from test_optimal_bound import (below_brute_force, below_every_policy, budgets,  # noqa: E402
+                                head, random_graphs)
 
 EPS = 1e-6
 
@@ -43,15 +42,7 @@ def test_chain4_window_bound_is_the_hand_worked_optimum():
                                            (head, SLOW)])
 def test_window_bound_never_exceeds_the_brute_forced_optimum(trace, device):
     g = Graph(trace() if device is None else replace(trace(), device=device))
-    for budget in budgets(g):
-        b = window_bound(g, budget)
-        best = brute_best(g, budget)
-        s, r = run_optimal(g, budget)
-        if r.feasible:
-            best = min(best, r.iteration_ms)
-        assert math.isfinite(best), budget
-        assert b <= best + EPS, (budget, b, best)
-        assert s.stats["schedule_bound_ms"] <= best + EPS
+    below_brute_force(g, window_bound)
 
 
 def test_window_bound_below_every_heuristic_on_random_dags():
@@ -59,22 +50,11 @@ def test_window_bound_below_every_heuristic_on_random_dags():
     time is at least the bound (random DAGs, four budgets each, a slow link
     on half of them); and the window says more than the moment somewhere."""
     checked = above = 0
-    for seed in range(30):
-        t = synth.random_dag(seed, 6 + seed % 10)
-        if seed % 2:
-            t = replace(t, device=SLOW)
-        g = Graph(t)
+    for seed, g in random_graphs():
         for budget in budgets(g):
             b = window_bound(g, budget)
             above += b > moment_bound(g, budget) + 1e-3
-            for p in names():
-                if get(p).needs - {"backward"} or (get(p).needs and not any(
-                        s[0] == "B" for s in g.route)):
-                    continue
-                r = simulate(g, plan(p, PlanContext(g, budget)), budget, record=False)
-                if r.feasible:
-                    checked += 1
-                    assert b <= r.iteration_ms + EPS, (seed, budget, p, b, r.iteration_ms)
+            checked += below_every_policy(g, budget, b, seed)
     assert checked > 200 and above > 5   # the sweep has teeth
 
 

@@ -100,6 +100,13 @@ class Moments:
         for s in route:
             self.born.append(self.born[-1] + g.param_grad_bytes(s))
 
+    def each_step_fits(self, cap: int) -> bool:
+        """Whether every route step alone (with the static bytes and the
+        parameter gradients born by then) fits ``cap``."""
+        g = self.g
+        return all(g.trace.static_bytes + self.born[u + 1] + g.least_step_bytes(s) <= cap
+                   for u, s in enumerate(g.route))
+
     def screen(self, cap: int) -> list[int]:
         """The moments, most promising first: by the bytes pending at each step
         beyond what fits, over the time around it for copying them."""
@@ -243,8 +250,7 @@ def moment_bound(g: Graph, cap: int, seconds: float = 10.0, exact: int = 8,
     t0 = time.perf_counter()
     mo = Moments(g)
     base = mo.prefix[mo.K] + mo.opt_ms
-    if any(g.trace.static_bytes + mo.born[u + 1] + g.least_step_bytes(s) > cap
-           for u, s in enumerate(g.route)):
+    if not mo.each_step_fits(cap):
         return math.inf
     scored = []
     for u in mo.screen(cap):

@@ -357,8 +357,7 @@ def window_bound(g: Graph, cap: int, seconds: float = 10.0, stats: dict | None =
     t0 = time.perf_counter()
     mo = Moments(g)
     base = mo.prefix[mo.K] + mo.opt_ms
-    if any(g.trace.static_bytes + mo.born[u + 1] + g.least_step_bytes(s) > cap
-           for u, s in enumerate(g.route)):
+    if not mo.each_step_fits(cap):
         return math.inf
     best, where, lengths = base, None, sorted({min(n, mo.K) for n in tails})
     for i, n in enumerate(lengths):
