@@ -43,8 +43,9 @@ trivial bound (every route step at its fastest algorithm): its gap is then a
 bound on what any schedule could gain.
 
 The time limit (note 2) is a deadline for the whole plan, not only the
-solver's: the heuristics, variants, polish and moment bound take their
-shares of it (``*_SHARE``), the MILP's search ends ``RESERVE_S`` (at most
+solver's: the heuristics, variants, polish, tail splice (:mod:`.tail`)
+and the moment and window bounds take their shares of it (``*_SHARE``;
+time the MILP leaves unused goes to the window bound again), the MILP's search ends ``RESERVE_S`` (at most
 ``RESERVE_SHARE`` of the limit) before it, leaving that to decode and
 polish the MILP's plan, and the polish gets only what is left.  HiGHS checks
 its own limit only where it calls its interrupt callbacks, not in its
@@ -323,8 +324,9 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     left = ends - time.perf_counter() - reserve
     if (choice is not None and "window_bound_ms" in stats and left >= LEFTOVER_MIN_S
             and choice[0] > max(every, bound or 0.0) * (1 + LEFTOVER_GAP)):
-        # the MILP ended early (an infeasible class, a cutoff): the time left
-        # goes to the longer window, whose bound grows with its search time
+        # the MILP ended early or was not built (an infeasible class, a cutoff,
+        # a model too large): the time left goes to the longer window, whose
+        # bound grows with its search time
         more: dict = {}
         wb = window_bound(g, cap, left, more, tails=(max(TAILS),))
         stats["window_s"] = round(stats["window_s"] + more["window_s"], 3)
