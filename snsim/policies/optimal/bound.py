@@ -38,7 +38,7 @@ import math
 import time
 
 from snsim.graph import Graph
-from snsim.policies.optimal.milp import MiB, Milp, add
+from snsim.policies.optimal.milp import MiB, Milp, add, running_sums
 from snsim.policies.optimal.solve import solve
 
 
@@ -185,7 +185,8 @@ class Moments:
         by_ready: dict = {}
         for t in kv:
             by_ready.setdefault(self.ready[t], []).append(t)
-        for q, a in running_sums(m, g, by_ready, sorted(by_ready, reverse=True), wv, d2h):
+        for q, a in running_sums(m, copy_parts(g, by_ready, sorted(by_ready, reverse=True),
+                                               wv, d2h)):
             m.row({M: 1.0, a: -1.0}, lo=q)
         # compute after M: step u on, and every recomputation
         terms = {Z: 1.0, M: -1.0}
@@ -197,7 +198,7 @@ class Moments:
         by_first: dict = {}
         for t, v in self.deadlines(u, pend, tensors, seen_layers).items():
             by_first.setdefault(v, []).append(t)
-        for v, a in running_sums(m, g, by_first, sorted(by_first), wv, h2d):
+        for v, a in running_sums(m, copy_parts(g, by_first, sorted(by_first), wv, h2d)):
             m.row({Z: 1.0, M: -1.0, a: -1.0},
                   lo=self.c[u] + self.prefix[K] - self.prefix[v] + self.opt_ms)
         terms = {Z: 1.0, M: -1.0}
@@ -279,17 +280,8 @@ def moment_bound(g: Graph, cap: int, seconds: float = 10.0, exact: int = 8,
     return best
 
 
-def running_sums(m: Milp, g: Graph, groups: dict, keys, wv: dict, ms_per_byte: float):
-    """Per key of ``keys`` in order, a continuous variable equal to the copy time
-    (``ms_per_byte`` x bytes, each tensor's by its binary in ``wv``) of the
-    groups up to it: (key, variable), its defining row added before it is yielded."""
-    acc = None
+def copy_parts(g: Graph, groups: dict, keys, wv: dict, ms_per_byte: float):
+    """Per key of ``keys`` in order, (key, the copy time terms of its group): each
+    tensor's ``ms_per_byte`` x bytes by its binary in ``wv``."""
     for q in keys:
-        a = m.var(0.0, math.inf, integer=False)
-        terms = {a: 1.0}
-        add(terms, acc, -1.0)
-        for t in groups[q]:
-            add(terms, wv[t], -g.size(t) * ms_per_byte)
-        m.row(terms, 0.0, 0.0)
-        yield q, a
-        acc = a
+        yield q, {wv[t]: g.size(t) * ms_per_byte for t in groups[q]}

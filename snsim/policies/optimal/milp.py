@@ -37,3 +37,22 @@ class Milp:
 def add(terms: dict[int, float], var: int | None, coef: float) -> None:
     if var is not None:
         terms[var] = terms.get(var, 0.0) + coef
+
+
+def running_sums(m: Milp, parts):
+    """Per ``(key, terms)`` of ``parts`` in order, a continuous column equal to
+    the sum of the terms (``{column: coefficient}``) of the parts up to it:
+    (key, column), its defining row added before it is yielded.  Leading parts
+    without terms make no column and are not yielded."""
+    acc = None
+    for key, terms in parts:
+        if not terms and acc is None:
+            continue
+        a = m.var(0.0, math.inf, integer=False)
+        row = {a: 1.0}
+        add(row, acc, -1.0)
+        for v, c in terms.items():
+            add(row, v, -c)
+        m.row(row, 0.0, 0.0)
+        yield key, a
+        acc = a

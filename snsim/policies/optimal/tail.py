@@ -24,11 +24,9 @@ import time
 from snsim.errors import ScheduleError
 from snsim.graph import Graph
 from snsim.policies import replay
-from snsim.policies.optimal import child
 from snsim.policies.optimal.bound import Moments
 from snsim.policies.optimal.milp import MiB
-from snsim.policies.optimal.solve import solve
-from snsim.policies.optimal.window import ISOLATE_NONZEROS, WindowModel
+from snsim.policies.optimal.window import WindowModel, search
 from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
@@ -80,16 +78,15 @@ def splice(g: Graph, cap: int, ops: list[Op], ms: float, steps: int, seconds: fl
         return None
     restrict(g, w, held, host)
     m = w.milp
-    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
     start = own_start(g, w, ops[route_at[a] + 1:], held)
     left = seconds - (time.perf_counter() - t0)
     if left < 0.1:
         return None   # the model took the time: no search
-    sol = solve(m, left, isolate=big, start=start)
+    sol = search(m, left, start=start)
     if sol.values is None:
         return None
     try:
-        tail = decode(g, w, sol.values, held & set(g.sizes), flight, host, algo)
+        tail = decode(g, w, sol.values, {t for t in held if t in g.sizes}, flight, host, algo)
     except Unusable:
         return None
     new = prefix + tail
@@ -213,7 +210,7 @@ def decode(g: Graph, w: WindowModel, x: list[float], held: set, flight: set, hos
 
     for gap in range(a + 1, b + 1):
         step = g.route[gap]
-        there = {t for t in held | set(w.tensors) if w.present(gap, t) is None
+        there = {t for t in held | w.tensors if w.present(gap, t) is None
                  or on(next(iter(w.present(gap, t)), None))}
         there |= set(g.needs_map[step])
         for t in sorted(held):

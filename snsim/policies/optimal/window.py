@@ -55,9 +55,9 @@ import time
 
 from snsim.graph import Graph
 from snsim.policies.optimal.bound import Moments
-from snsim.policies.optimal.milp import MiB, Milp, add
+from snsim.policies.optimal.milp import MiB, Milp, add, running_sums
 from snsim.policies.optimal import child
-from snsim.policies.optimal.solve import solve
+from snsim.policies.optimal.solve import Solution, solve
 
 
 class WindowModel:
@@ -138,7 +138,12 @@ class WindowModel:
         h: dict = {}
         rm: dict = {}
         arr: dict = {}
-        kc_rows: dict = {}   # gap g -> {column: MiB} of what stays through it
+        kept: dict = {}      # gap -> {column: MiB} of what stays allocated through it
+        kept_of: dict = {}   # gap -> {tensor: its column there}
+        readers: dict = {}   # tensor -> the layers of the model whose recomputation reads it
+        for j in layers:
+            for x in g.needs_map[("R", j)]:
+                readers.setdefault(x, []).append(j)
         self.level_rows: dict = {}   # (gap, layer) -> index of its recomputation's level row
         made_in = {t for t in tensors if mo.prod[t] >= a}
         for gap in range(a + 1, b + 1):
@@ -150,8 +155,7 @@ class WindowModel:
                 if mo.prod[t] >= gap:
                     continue
                 now, before = present(gap, t), present(gap - 1, t)
-                if now == {} and not any((gap, j) in rm for j in layers
-                                         if t in g.needs_map[("R", j)]):
+                if now == {} and not any((gap, j) in rm for j in readers.get(t, ())):
                     continue   # neither there at step gap nor read by a remake in the gap
                 arr[gap, t] = av = m.var(integer=False)
                 h[gap, t] = hv = m.var()
@@ -183,8 +187,8 @@ class WindowModel:
                             for v, c in part.items():
                                 add(terms, v, -c)
                     m.row(terms, lo=lo)
-                    kc_rows.setdefault(gap, {})[kc] = g.size(t) / MiB
-                    kc_rows.setdefault((gap, "of"), {})[t] = kc
+                    kept.setdefault(gap, {})[kc] = g.size(t) / MiB
+                    kept_of.setdefault(gap, {})[t] = kc
             # a remake's inputs are there: kept through step gap-1 or arrived in the gap
             for j in sorted(layers):
                 r = rm.get((gap, j))
@@ -203,8 +207,8 @@ class WindowModel:
                     m.row(terms, lo=0.0)
                 # the level while it runs
                 io = set(g.needs_map[("R", j)]) | set(g.allocs_map[("R", j)])
-                of = kc_rows.get((gap, "of"), {})
-                terms = {kv: c for kv, c in kc_rows.get(gap, {}).items()}
+                of = kept_of.get(gap, {})
+                terms = dict(kept.get(gap, {}))
                 for t in io:
                     if t in of:
                         terms.pop(of[t], None)
@@ -247,33 +251,27 @@ class WindowModel:
             if v is not None and v <= b:
                 by_gap.setdefault(gap, []).append((t, terms, max(v, gap)))
         for q in range(a + 1, b + 1):
-            acc = None
+            parts = []
             for gap in range(q, a, -1):
-                terms = {}
+                terms: dict = {}
                 for t, part, v in by_gap.get(gap, ()):
                     if v <= q:
                         for col, c in part.items():
                             add(terms, col, c * g.size(t) * h2d)
-                if not terms and acc is None:
-                    continue
-                s = m.var(0.0, math.inf, integer=False)
-                row = {s: 1.0}
-                add(row, acc, -1.0)
-                for v, c in terms.items():
-                    add(row, v, -c)
-                m.row(row, 0.0, 0.0)
-                acc = s
+                parts.append((gap, terms))
+            for gap, acc in running_sums(m, parts):
                 # copies issued after step gap-1 ends, done by step q's start
-                m.row({T[q]: 1.0, T[gap - 1]: -1.0, s: -1.0}, lo=mo.c[gap - 1])
+                m.row({T[q]: 1.0, T[gap - 1]: -1.0, acc: -1.0}, lo=mo.c[gap - 1])
         # device-to-host, for the tensors made in the window that are copied back:
         # off[v,t] = its offload ended by step v's start (it starts after its
         # maker ends), at least where a copy back is read by step v, and where
         # t is away at step v and copied back later (a free waits for its offload)
         off: dict = {}
-        for t in sorted(made_in):
-            copies = [(gap, hv) for (gap, u), hv in h.items() if u == t]
-            if not copies:
-                continue
+        pieces_of: dict = {}
+        for piece in pieces:
+            if piece[1] in made_in:
+                pieces_of.setdefault(piece[1], []).append(piece)
+        for t in sorted(pieces_of):
             prev = z = None
             col = {v: m.var(integer=False) for v in range(mo.prod[t] + 1, b + 1)}
             for v in range(mo.prod[t] + 1, b + 1):
@@ -281,8 +279,8 @@ class WindowModel:
                 if prev is not None:
                     m.row({col[v]: 1.0, prev: -1.0}, lo=0.0)
                 prev = col[v]
-            for gap, u, part, v in pieces:
-                if u == t and v is not None and v <= b:
+            for gap, u, part, v in pieces_of[t]:
+                if v is not None and v <= b:
                     terms = {col[max(v, gap)]: 1.0}
                     for c, x in part.items():
                         add(terms, c, -x)
@@ -300,24 +298,25 @@ class WindowModel:
                 d = D.get((k, t))
                 if d is not None:
                     m.row({col[k]: 1.0, z: -1.0, d: 1.0}, lo=0.0)
+        made_at: dict = {}   # step -> the tensors of ``off`` it makes
+        for t in sorted(pieces_of):
+            made_at.setdefault(mo.prod[t], []).append(t)
         for v in range(a + 1, b + 1):
-            acc = None
-            for p in range(v - 1, a - 1, -1):
-                ts = [t for t in made_in if mo.prod[t] == p and (v, t) in off]
-                if not ts and acc is None:
-                    continue
-                s = m.var(0.0, math.inf, integer=False)
-                row = {s: 1.0}
-                add(row, acc, -1.0)
-                for t in ts:
-                    add(row, off[v, t], -g.size(t) * d2h)
-                m.row(row, 0.0, 0.0)
-                acc = s
-                m.row({T[v]: 1.0, T[p]: -1.0, s: -1.0}, lo=mo.c[p])
-
+            parts = ((p, {off[v, t]: g.size(t) * d2h for t in made_at.get(p, ()) if (v, t) in off})
+                     for p in range(v - 1, a - 1, -1))
+            for p, acc in running_sums(m, parts):
+                m.row({T[v]: 1.0, T[p]: -1.0, acc: -1.0}, lo=mo.c[p])
 
 TAILS = (20, 40)   # the windows tried: the route's last 20, then last 40 steps
 ISOLATE_NONZEROS = 20_000   # a window model this large is solved in a killable child
+
+
+def search(m: Milp, seconds: float, **kw) -> Solution:
+    """:func:`solve` for a window model: one of ``ISOLATE_NONZEROS`` nonzeros or
+    more in a child killed at the limit (HiGHS overran its own by 7-9 s on
+    ResNet-50's 40 steps, the machine loaded)."""
+    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
+    return solve(m, seconds, isolate=big, **kw)
 
 
 def remake_due_of(mo: Moments, tensors: set, layers: set) -> dict:
@@ -367,10 +366,7 @@ def window_bound(g: Graph, cap: int, seconds: float = 10.0, stats: dict | None =
             break
         w = WindowModel(mo, cap, mo.K - n, mo.K - 1)
         share = left / (len(lengths) - i) if i < len(lengths) - 1 else left
-        # HiGHS overran its own limit by 7-9 s on ResNet-50's 40 steps (the
-        # machine loaded): a model that large is solved in a child killed at it
-        big = child.available() and sum(len(r[0]) for r in w.milp.rows) >= ISOLATE_NONZEROS
-        sol = solve(w.milp, max(0.05, share), isolate=big)
+        sol = search(w.milp, max(0.05, share))
         if sol.status == "optimal":
             b = sol.objective
         elif sol.status == "infeasible":
