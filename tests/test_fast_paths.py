@@ -20,7 +20,9 @@ import pytest
 
 from snsim.errors import TraceError
 from snsim.graph import Graph
-from snsim.policies import layers, replay, sequences, superneurons
+from snsim import policies, synth
+from snsim.policies import layers, polish, replay, retime, sequences, superneurons
+from snsim.policies.base import PlanContext
 from snsim.schedule import ledger
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Wait
 from snsim.trace import io, load
@@ -179,6 +181,72 @@ def test_estimate_with_a_limit_is_exact_up_to_it(factor):
                 assert got == ms
             else:
                 assert limit < got <= ms * (1 + 1e-12)   # its sums round apart
+
+
+def resumed_equal_whole(g, cap, ops, moves) -> int:
+    """How many of ``moves`` (plans changed from ``ops`` in one place) were
+    estimated; each :class:`replay.Resumable` estimate is checked against the
+    whole replay's, with and without a limit."""
+    base = replay.Resumable(g, ops, cap)
+    assert base.ms == replay.estimate_ms(g, ops, cap)
+    n = 0
+    for new in moves:
+        if new is None:
+            continue
+        whole = replay.estimate_ms(g, new, cap)
+        for limit in (math.inf, base.ms, whole, 0.5 * whole):
+            got = base.estimate(new, limit)
+            if whole <= limit:
+                assert got == whole
+            else:
+                assert limit < got <= whole * (1 + 1e-12)
+        n += 1
+    return n
+
+
+def one_place_moves(g, ops):
+    """The polish's moves of every recomputation and every prefetch of ``ops``."""
+    for i, o in enumerate(ops):
+        if type(o) is Compute and o.phase == "R":
+            yield from polish.variants(g, ops, i)
+    for p in retime.waits(ops):
+        yield from retime.variants(g, ops, p)
+
+
+@pytest.mark.parametrize("name,factor", [("k40c_resnet50_b16.json", 1.10),
+                                         ("k40c_inception_v4_b16.json", 1.05),
+                                         ("cpu_resnet18_b8_64.json", 1.05),
+                                         ("cpu_gpt_small_b4.json", 1.1)])
+def test_resumed_estimate_equals_the_whole_one(name, factor):
+    """replay.Resumable (replay's note 4): a plan changed in one place,
+    replayed from the state kept before the change, gives the whole replay's
+    figure (cut short above a limit as the whole one may be)."""
+    g = Graph(load(ROOT / "traces" / name))
+    cap = int(g.lower_bound_bytes * factor)
+    ops = list(policies.plan("superneurons", PlanContext(g, cap)).ops)
+    assert resumed_equal_whole(g, cap, ops, one_place_moves(g, ops)) > 100
+
+
+def test_resumed_estimate_on_random_plans():
+    """The same on random DAGs' plans of every policy that swaps or recomputes,
+    at tight budgets, with moves anywhere in the plan."""
+    checked = 0
+    for seed in range(20):
+        g = Graph(synth.random_dag(seed, 6 + seed % 10))
+        for factor in (1.05, 1.3):
+            cap = int(g.lower_bound_bytes * factor)
+            for name in ("superneurons", "dtr", "vdnn-all", "sqrt-n"):
+                s = policies.plan(name, PlanContext(g, cap))
+                if s.infeasible_reason is not None or not replay.fits(g, s.ops, cap):
+                    continue
+                ops = list(s.ops)
+                checked += resumed_equal_whole(g, cap, ops, one_place_moves(g, ops))
+                # and plans cut anywhere: the tail dropped from a random op on
+                rng = random.Random(seed)
+                for _ in range(3):
+                    k = rng.randrange(len(ops))
+                    checked += resumed_equal_whole(g, cap, ops, [ops[:k] + ops[k + 1:]])
+    assert checked > 200
 
 
 @pytest.mark.parametrize("name", ["k40c_resnet50_b32.json", "cpu_gpt_small_b4.json",

@@ -295,6 +295,7 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
     changed = 0
     tried: set = set()
     moved = False
+    base = replay.Resumable(g, ops, cap)   # each try changes it in one place (replay's note 4)
     while time.perf_counter() - t0 < seconds:
         at = stages(ops)
         if swaps:
@@ -324,7 +325,7 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
             # exact up to the time to beat; a slower plan's estimate stops early.
             # The ledger's rules and the capacity are checked for a faster one
             # only (most are slower): the same choice in about half the time
-            t = replay.estimate_ms(g, new, cap, ms if better is None else better[0])
+            t = base.estimate(new, ms if better is None else better[0])
             if not (t < ms - 1e-9 and (better is None or t < better[0])):
                 continue
             try:
@@ -335,6 +336,7 @@ def greedy(g: Graph, cap: int, ops: list[Op], ms: float, seconds: float, key,
                 better = (t, new)
         if better is not None:
             ms, ops = better
+            base = replay.Resumable(g, ops, cap)
             changed += 1
             moved = True
         if work.left <= 0:

@@ -31,6 +31,7 @@ one's storage) is written here once.
 from __future__ import annotations
 
 import gc
+from itertools import islice
 from typing import Sequence
 from weakref import WeakKeyDictionary
 
@@ -270,12 +271,20 @@ def _bytes_only(graph: Graph, ops: Sequence[Op]) -> list[Effect]:
     return list(iter_effects(graph, ops))
 
 
-def iter_effects(graph: Graph, ops: Sequence[Op]):
+def iter_effects(graph: Graph, ops: Sequence[Op], start: int = 0,
+                 resident: set | None = None, host: set | None = None):
     """The effects of :func:`walk` with ``check=False``, one op at a time, for a
     reader that may stop early (a plan that does not fit is known at its first
-    op over the budget)."""
-    resident: set = set()
-    host: set = set()
+    op over the budget).
+
+    From op ``start`` on, with ``resident`` and ``host`` (updated in place) the
+    tensors on the device and those with a host copy before it: a reader
+    that resumes a walk it stopped at ``start`` (an op that is not a
+    ``Free``: an op's effects look ahead only at the run of frees right
+    after it, so those of the ops before ``start`` do not depend on
+    ``ops[start:]``)."""
+    resident = set() if resident is None else resident
+    host = set() if host is None else host
     add = resident.add
     allocs_of, sizes, layers = graph.allocs_map, graph.sizes, graph.layers
     tables = {phase: table[1] for phase, table in graph.step_tables.items()}
@@ -285,7 +294,7 @@ def iter_effects(graph: Graph, ops: Sequence[Op]):
     born = graph.born_bytes if graph.grads_born else None
     in_place = graph.in_place_of
     plain = graph.plain_workspace
-    for k, op in enumerate(ops):
+    for k, op in enumerate(islice(ops, start, None) if start else ops, start):
         tp = type(op)
         if tp is Compute:
             phase = op.phase
