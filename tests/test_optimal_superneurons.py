@@ -135,7 +135,8 @@ def test_superneurons_refines_its_plan_within_one_percent_of_the_optimum():
 
 def test_superneurons_refinement_is_bounded_by_work_not_time(monkeypatch):
     """The refinement stops after REFINE_WORK ops estimated (the swaps' after
-    SWAP_WORK), so a plan does not depend on the machine: with no work allowed
+    SWAP_PROBE per plan, then SWAP_WORK), so a plan does not depend on the
+    machine: with no work allowed
     the grid's best is returned unrefined and no faster; above WIDE_LIMIT
     layers nothing is refined."""
     g = Graph(load(str(ROOT / "traces" / "k40c_resnet50_b16.json")))
@@ -144,6 +145,7 @@ def test_superneurons_refinement_is_bounded_by_work_not_time(monkeypatch):
     assert plan("superneurons", ctx).ops == full.ops
     monkeypatch.setattr(sn, "REFINE_WORK", 0)
     monkeypatch.setattr(sn, "SWAP_WORK", 0)
+    monkeypatch.setattr(sn, "SWAP_PROBE", 0)
     none = plan("superneurons", ctx)
     assert "refined" not in none.stats
     assert none.stats["estimated_ms"] > full.stats["estimated_ms"] * 1.02

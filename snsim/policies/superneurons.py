@@ -115,6 +115,21 @@ before -> after: ResNet-50 b32 1.05 / 1.10 / 1.25 / 1.5x 1.5324 / 1.4321 /
 1.4449 / 1.4256 / 1.2371 / 1.0468 -> 1.2812 / 1.2952 / 1.1000 / 1.0450;
 ResNet-152 b32 1.25 / 1.5x 1.1069 / 1.0336 -> 1.0678 / 1.0331.  About
 0.2-0.4 s more planning on these (nothing above ``WIDE_LIMIT`` layers).
+The plan whose recomputations refine best is not the one whose swaps do
+(ResNet-50 b16 at 1.10x: the fastest refined plan's swaps refined without
+a limit, 1.4256 -> 1.2644; the fourth's, a 97% cache, 1.4299 -> 1.2281,
+where ``optimal`` found 1.2318).  So each of the ``TOP`` plans' swaps are
+probed (at most ``SWAP_PROBE`` ops estimated each), and the fastest then
+refined (``SWAP_WORK``); :class:`replay.Resumable` replays each change
+from the state before it, which halves an estimate.  K40c time / compute
+before -> after: ResNet-50 b32 1.05 / 1.10 / 1.25 / 1.5x 1.4698 / 1.2826 /
+1.1794 / 1.0595 -> 1.4493 / 1.2661 / 1.1663 / 1.0560, b16 1.05 / 1.10 /
+1.5x 1.2812 / 1.2952 / 1.0450 -> 1.2646 / 1.2281 / 1.0355; ResNet-101 b16
+1.05 / 1.25x 1.1764 / 1.0398 -> 1.1592 / 1.0324, b32 1.05x 1.1770 ->
+1.1598; ResNet-152 b16 1.05x 1.1739 -> 1.1231, b32 1.10x 1.1360 -> 1.1213
+(``optimal``'s 60 s plans before this: 1.1595 and 1.1210).  The whole
+``snsim simulate --json`` on ResNet-152 b16 at 1.05x: 1.8 -> 3.0 s;
+ResNet-50 b32 at 1.25x: 0.9 -> 1.5 s.
 """
 
 from __future__ import annotations
@@ -149,8 +164,10 @@ UNTIL = (1.0, 0.5, 0.25, 0.375, 0.3, 0.2, 0.125)
 # four plans on ResNet-50).
 TOP = 4
 REFINE_WORK = 1_000_000
-# The best plan's swaps refined (note 10), estimating at most this many ops
-SWAP_WORK = 300_000
+# Each plan's swaps refined (note 10), estimating at most this many ops per
+# plan, then the best plan's, at most this many more
+SWAP_PROBE = 300_000
+SWAP_WORK = 3_000_000
 # Smaller caches planned for the fastest cost-aware setting (note 9).
 MORE_SHARES = (0.9, 0.85)
 # Above this many layers only the first distance, the whole budget and all
@@ -340,16 +357,21 @@ def keep_top(top: list[_Plan], plan: _Plan) -> None:
 def refined(g: Graph, cap: int, top: list[_Plan]) -> _Plan:
     """The fastest of ``top``'s plans, each with its recomputations refined
     (:func:`polish.refine`: undone, trimmed or swapped where that is faster;
-    note 9); a tie is the plan planned first."""
+    note 9) and its swaps probed, the fastest's swaps refined further (note
+    10); a tie is the plan planned first."""
     best = None
     work = polish.Work(REFINE_WORK // len(top[0].ops))
     for plan in top:
         ms, ops, changed = polish.refine(g, cap, plan.ops, plan.ms, work)
         if changed:
             plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
+        # note 10: each plan's swaps probed, the best continued
+        ms, ops, changed = polish.refine_swaps(g, cap, plan.ops, plan.ms,
+                                               polish.Work(SWAP_PROBE // len(plan.ops)))
+        if changed:
+            plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
         if best is None or plan.ms < best.ms:
             best = plan
-    # note 10: the best plan's swaps
     ms, ops, changed = polish.refine_swaps(g, cap, best.ops, best.ms,
                                            polish.Work(SWAP_WORK // len(best.ops)))
     if changed:
