@@ -27,8 +27,9 @@ recomputation remakes one of those, transitively), the model has
 * the device-to-host engine, for a tensor made inside the window that is
   copied back: its offload starts after its maker ends and ends before the
   copy back does, and before any step at which it is away and copied back
-  later (the simulator's free waits for the offload: until then its memory
-  counts).
+  later with no remake of it in between (the simulator's free waits for the
+  offload: until then its memory counts; a remade tensor may be offloaded
+  again after its remake).
 
 Each schedule maps to a solution (a tensor counted where its memory counts
 and it is still to be read; copies and recomputations that nothing reads
@@ -265,7 +266,8 @@ class WindowModel:
         # device-to-host, for the tensors made in the window that are copied back:
         # off[v,t] = its offload ended by step v's start (it starts after its
         # maker ends), at least where a copy back is read by step v, and where
-        # t is away at step v and copied back later (a free waits for its offload)
+        # t is away at step v and copied back later with no remake of it in
+        # between (a free waits for its offload)
         off: dict = {}
         pieces_of: dict = {}
         for piece in pieces:
@@ -285,13 +287,18 @@ class WindowModel:
                     for c, x in part.items():
                         add(terms, c, -x)
                     m.row(terms, lo=0.0)
+            j = mo.remade.get(t)
             for k in range(b - 1, mo.prod[t], -1):   # z: copied back after step k
                 hv = h.get((k + 1, t))
                 if z is None and hv is None:
                     continue
                 nz = m.var(integer=False)
                 if z is not None:
-                    m.row({nz: 1.0, z: -1.0}, lo=0.0)
+                    # not across a remake of t: a remade tensor may be offloaded
+                    # after its remake, and copied back from that copy
+                    terms = {nz: 1.0, z: -1.0}
+                    add(terms, rm.get((k + 1, j)), 1.0)
+                    m.row(terms, lo=0.0)
                 if hv is not None:
                     m.row({nz: 1.0, hv: -1.0}, lo=0.0)
                 z = nz
