@@ -173,3 +173,38 @@ def test_polish_on_swaps_is_never_slower_and_runs():
             assert (changed > 0) == (got < ms)
             faster += got < ms - 1e-9
     assert faster >= 3
+
+
+def test_a_swap_is_recomputed_with_its_missing_input():
+    """data X0 -> X1 100 -> X2 200 -> X3 100 (a 300-byte forward workspace)
+    -> loss (a 400-byte backward workspace); X1 and X2 swapped, X1 freed
+    after F2.  Recomputing X2 alone must keep X1 from its free through F3
+    (864 bytes, over 764) and keeping X2 holds it through B4 (964); the
+    chain move remakes X1 from the resident input, then X2, and frees X1
+    after R2: 764 bytes, the offload of X2 dropped, 10.0 -> 8.5 ms."""
+    g = Graph(make([
+        L(0, "data", [], 100),
+        L(1, "conv", [0], 100, params=10, fwd=0.5, bwd=1.0, reads=["inputs"]),
+        L(2, "conv", [1], 200, params=10, fwd=0.5, bwd=1.0, reads=["inputs"]),
+        L(3, "conv", [2], 100, params=10, fwd=1.0, bwd=1.0, reads=["inputs"],
+          ws=[Workspace("w", 300, 1.0, 2.0, bwd_bytes=0)]),
+        L(4, "loss", [3], 4, fwd=0.5, bwd=0.5, reads=["inputs"],
+          ws=[Workspace("w", 0, 0.5, 0.5, bwd_bytes=400)]),
+    ], "chain-swap"))
+    F, B, cap = (lambda j: Compute("F", j)), (lambda j: Compute("B", j)), 764
+    ops = [F(0), F(1), Offload(X(1)), F(2), Offload(X(2)), Free(X(1)), F(3), Free(X(2)), F(4),
+           Free(X(4)), B(4), Free(X(3)), Free(G(4)), Prefetch(X(2)), Wait(X(2)), B(3),
+           Free(X(2)), Free(G(3)), Prefetch(X(1)), Wait(X(1)), B(2), Free(X(1)), Free(G(2)),
+           B(1), Free(X(0)), Free(G(1))]
+    assert checked(g, ops, cap) == 10.0
+    p = ops.index(Prefetch(X(2)))
+    assert replay.planned_peak(g, retime.recompute(g, ops, p), cap)[1] is not None
+    assert replay.planned_peak(g, retime.keep(g, ops, p), cap)[1] is not None
+    new = retime.recompute_chain(g, ops, p)
+    b3 = new.index(B(3))
+    assert new[b3 - 3:b3] == [Compute("R", 1), Compute("R", 2), Free(X(1))]
+    assert Offload(X(2)) not in new and Prefetch(X(2)) not in new
+    assert checked(g, new, cap) == 8.5
+    assert retime.recompute_chain(g, ops, ops.index(Prefetch(X(1)))) is None   # X0 is there
+    ms, got, changed = P.greedy(g, cap, ops, 10.0, math.inf, P.costliest_first(g), swaps=True)
+    assert ms < 8.5 + 1e-9 and Compute("R", 1) in got and checked(g, got, cap) == ms

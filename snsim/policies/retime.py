@@ -19,6 +19,9 @@ whether a change is kept (:func:`polish.greedy`); the moves only propose.
   recomputation of the layer that made the tensor, the offload dropped too
   when no other prefetch needs the host copy; the layer's inputs must be
   resident there, or are kept from their last free to the recomputation.
+* :func:`recompute_chain`: the same where the layer's inputs are gone by
+  then: those remade first, back to inputs that are there (a segment
+  remade a second time instead of copying its output back).
 * :func:`keep`: the swap undone: the tensor kept from its free to the wait
   (the free, prefetch and wait removed; the offload too when no other
   prefetch needs it), where the budget holds it.
@@ -37,6 +40,7 @@ def variants(g: Graph, ops: list[Op], p: int, backs: tuple[int, ...] = BACKS):
     its offload first, then issued ``backs`` computes sooner."""
     yield keep(g, ops, p)
     yield recompute(g, ops, p)
+    yield recompute_chain(g, ops, p)
     yield offload_first(ops, p)
     last = None
     for back in backs:
@@ -195,6 +199,74 @@ def recompute(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
             out.append(Compute("R", t[1]))
             out.extend(Free(u) for u in extra)
             out.extend(moves)
+            continue
+        out.append(o)
+    return out
+
+
+CHAIN = 4   # at most this many layers remade by :func:`recompute_chain`
+
+
+def recompute_chain(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
+    """:func:`recompute` where the layer's inputs are not on the device at the
+    wait: those remade too, back to inputs that are (at most ``CHAIN``
+    layers, in forward order), each remade input freed once the last of the
+    chain that reads it has run, a saved extra the plan does not hold there
+    freed right after its recomputation.  ``optimal``'s tail on ResNet-50
+    b32 at 1.05x remakes a segment a second time (``R31``, ``R32`` before
+    ``B33``) where ``superneurons`` copied its output back.  None when no
+    input is missing (:func:`recompute` covers it) or one cannot be remade."""
+    t = ops[p].tensor
+    w = wait_of(ops, p)
+    if t[0] != "X" or w is None:
+        return None
+    chain: list[int] = []
+    remade: set = set()
+    there: dict = {}
+
+    def resident(u) -> bool:
+        if u not in there:
+            k = last_made_or_touched(g, ops, w, u)
+            there[u] = k >= 0 and type(ops[k]) is not Free
+        return there[u]
+
+    def remake(x) -> bool:
+        """Remake ``x`` (append its layer to the chain), its missing inputs first."""
+        if x in remade:
+            return True
+        if x[0] != "X" or g.layers[x[1]].kind == "data" or len(chain) >= CHAIN:
+            return False
+        step = ("R", x[1])
+        made = g.allocs_map.get(step)
+        if made is None or x not in made:
+            return False
+        for u in g.needs_map[step]:
+            if not (resident(u) or remake(u)):
+                return False
+        chain.append(x[1])
+        remade.add(x)
+        return True
+
+    if not remake(t) or len(chain) < 2:
+        return None
+    last_read: dict = {}
+    for n, j in enumerate(chain):
+        for u in g.needs_map[("R", j)]:
+            last_read[u] = n
+    drop = {p}
+    without_offload(ops, drop, p)
+    at_wait: list[Op] = []
+    for n, j in enumerate(chain):
+        at_wait.append(Compute("R", j))
+        at_wait.extend(Free(u) for u in g.allocs_map[("R", j)]
+                       if u[0] != "X" and not resident(u))
+        at_wait.extend(Free(u) for u in sorted(remade - {t}) if last_read.get(u) == n)
+    out: list[Op] = []
+    for k, o in enumerate(ops):
+        if k in drop:
+            continue
+        if k == w:
+            out.extend(at_wait)
             continue
         out.append(o)
     return out

@@ -129,7 +129,12 @@ before -> after: ResNet-50 b32 1.05 / 1.10 / 1.25 / 1.5x 1.4698 / 1.2826 /
 1.1598; ResNet-152 b16 1.05x 1.1739 -> 1.1231, b32 1.10x 1.1360 -> 1.1213
 (``optimal``'s 60 s plans before this: 1.1595 and 1.1210).  The whole
 ``snsim simulate --json`` on ResNet-152 b16 at 1.05x: 1.8 -> 3.0 s;
-ResNet-50 b32 at 1.25x: 0.9 -> 1.5 s.
+ResNet-50 b32 at 1.25x: 0.9 -> 1.5 s.  Then a swap may also be replaced by
+remaking its tensor's segment (:func:`retime.recompute_chain`: the inputs
+gone by then remade first), what ``optimal``'s tail did on ResNet-50 b32 at
+1.05x: 1.4493 / 1.2661 / 1.1663 -> 1.4436 / 1.2603 / 1.1512 at 1.05 / 1.10
+/ 1.25x, b16 1.2646 / 1.2281 -> 1.2589 / 1.2224 at 1.05 / 1.10x, ResNet-101
+b16 and b32 at 1.05x 1.1592 / 1.1598 -> 1.1561 / 1.1567.
 """
 
 from __future__ import annotations
