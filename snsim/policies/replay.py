@@ -125,7 +125,10 @@ class Resumable:
 
     def estimate(self, ops: list[Op], limit: float = math.inf) -> float:
         ops = with_optimizer_step(self.graph, ops)
-        k = bisect.bisect_right(self.at, common_prefix(self.base, ops)) - 1
+        # a state kept before the first differing op, not at it: an op's
+        # effects look ahead at the frees right after it, up to the op a
+        # state is kept at, which must then be the same in both plans
+        k = bisect.bisect_left(self.at, common_prefix(self.base, ops)) - 1
         return _run(self.graph, ops, self.capacity, limit,
                     self.states[k] if k >= 0 else None, None)
 
