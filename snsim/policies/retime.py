@@ -188,20 +188,9 @@ def recompute(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
         if type(ops[k]) is Free:   # kept to the recomputation instead
             drop.add(k)
             moves.append(Free(u))
-    extra = [u for u in made if u != t and not (
-        (k := last_made_or_touched(g, ops, w, u)) >= 0 and type(ops[k]) is not Free)]
+    extra = [u for u in made if u != t and not on_device(g, ops, w, u)]
     without_offload(ops, drop, p)
-    out: list[Op] = []
-    for k, o in enumerate(ops):
-        if k in drop:
-            continue
-        if k == w:
-            out.append(Compute("R", t[1]))
-            out.extend(Free(u) for u in extra)
-            out.extend(moves)
-            continue
-        out.append(o)
-    return out
+    return replaced(ops, drop, w, [Compute("R", t[1])] + [Free(u) for u in extra] + moves)
 
 
 CHAIN = 4   # at most this many layers remade by :func:`recompute_chain`
@@ -226,8 +215,7 @@ def recompute_chain(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
 
     def resident(u) -> bool:
         if u not in there:
-            k = last_made_or_touched(g, ops, w, u)
-            there[u] = k >= 0 and type(ops[k]) is not Free
+            there[u] = on_device(g, ops, w, u)
         return there[u]
 
     def remake(x) -> bool:
@@ -261,15 +249,25 @@ def recompute_chain(g: Graph, ops: list[Op], p: int) -> list[Op] | None:
         at_wait.extend(Free(u) for u in g.allocs_map[("R", j)]
                        if u[0] != "X" and not resident(u))
         at_wait.extend(Free(u) for u in sorted(remade - {t}) if last_read.get(u) == n)
+    return replaced(ops, drop, w, at_wait)
+
+
+def replaced(ops: list[Op], drop: set, w: int, new: list[Op]) -> list[Op]:
+    """``ops`` without the ops at the indices ``drop``, ``new`` in place of the op at ``w``."""
     out: list[Op] = []
     for k, o in enumerate(ops):
-        if k in drop:
-            continue
         if k == w:
-            out.extend(at_wait)
-            continue
-        out.append(o)
+            out.extend(new)
+        elif k not in drop:
+            out.append(o)
     return out
+
+
+def on_device(g: Graph, ops: list[Op], w: int, u) -> bool:
+    """Whether tensor ``u`` is on the device at op ``w``: made or named before it,
+    and not freed since."""
+    k = last_made_or_touched(g, ops, w, u)
+    return k >= 0 and type(ops[k]) is not Free
 
 
 def last_made_or_touched(g: Graph, ops: list[Op], w: int, u) -> int:

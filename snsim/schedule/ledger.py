@@ -279,10 +279,11 @@ def iter_effects(graph: Graph, ops: Sequence[Op], start: int = 0,
 
     From op ``start`` on, with ``resident`` and ``host`` (updated in place) the
     tensors on the device and those with a host copy before it: a reader
-    that resumes a walk it stopped at ``start`` (an op that is not a
+    that resumes, on a plan that shares ``ops[:start + 1]`` with another, a
+    walk of that other it stopped at ``start`` (an op that is not a
     ``Free``: an op's effects look ahead only at the run of frees right
-    after it, so those of the ops before ``start`` do not depend on
-    ``ops[start:]``)."""
+    after it, which ends there, so those of the ops before ``start`` are
+    the same in both)."""
     resident = set() if resident is None else resident
     host = set() if host is None else host
     add = resident.add
