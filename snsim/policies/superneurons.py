@@ -365,18 +365,21 @@ def refined(g: Graph, cap: int, top: list[_Plan]) -> _Plan:
     note 9) and its swaps probed, the fastest's swaps refined further (note
     10); a tie is the plan planned first."""
     best = None
+    converged = False   # the best plan's probe ended on a pass that changed nothing
     work = polish.Work(REFINE_WORK // len(top[0].ops))
     for plan in top:
         ms, ops, changed = polish.refine(g, cap, plan.ops, plan.ms, work)
         if changed:
             plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
         # note 10: each plan's swaps probed, the best continued
-        ms, ops, changed = polish.refine_swaps(g, cap, plan.ops, plan.ms,
-                                               polish.Work(SWAP_PROBE // len(plan.ops)))
+        probe = polish.Work(SWAP_PROBE // len(plan.ops))
+        ms, ops, changed = polish.refine_swaps(g, cap, plan.ops, plan.ms, probe)
         if changed:
             plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
         if best is None or plan.ms < best.ms:
-            best = plan
+            best, converged = plan, probe.left > 0
+    if converged:
+        return best   # continued, the same pass would change nothing again
     ms, ops, changed = polish.refine_swaps(g, cap, best.ops, best.ms,
                                            polish.Work(SWAP_WORK // len(best.ops)))
     if changed:
