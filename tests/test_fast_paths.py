@@ -227,6 +227,29 @@ def test_resumed_estimate_equals_the_whole_one(name, factor):
     assert resumed_equal_whole(g, cap, ops, one_place_moves(g, ops)) > 100
 
 
+def test_resumed_estimate_keeps_the_host_copies_made_before_it(monkeypatch):
+    """A resumed replay starts from the host copies the base's replay had made:
+    a dying read with a host copy is not handed to autograd (DESIGN 3,
+    "Dying reads"), so a backward step's workspace depends on an offload issued
+    long before it.  handover4 (tests/test_handover.py) with X1 offloaded after
+    F1: B2 keeps its plain 250 B workspace (1110 B peak); forgetting the copy on
+    resuming would hand X1 over and fit a budget the plan does not fit."""
+    from test_handover import _trace
+    monkeypatch.setattr(replay.Resumable, "EVERY", 1)   # a state before every compute
+    g = Graph(_trace())
+    live = list(policies.plan("liveness", PlanContext(g)).ops)
+    f1 = live.index(Compute("F", 1))
+    base = live[:f1 + 1] + [Offload(("X", 1))] + live[f1 + 1:]
+    b2 = base.index(Compute("B", 2))
+    moved = base[:b2] + [Offload(("X", 0))] + base[b2:]   # differs right before B2
+    for cap, want in ((1110, True), (1000, False)):
+        whole = replay.estimate_ms(g, moved, cap)
+        assert math.isfinite(whole) is want
+        resumed = replay.Resumable(g, base, cap)
+        assert any(f1 + 1 < k < b2 for k in resumed.at)   # resumed after the offload
+        assert resumed.estimate(moved) == whole
+
+
 def test_resumed_estimate_on_random_plans():
     """The same on random DAGs' plans of every policy that swaps or recomputes,
     at tight budgets, with moves anywhere in the plan."""
