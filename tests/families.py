@@ -334,3 +334,47 @@ class HardswishCNN(nn.Module):
 
 def hardswish_cnn():
     return HardswishCNN(), _floats(BATCH, 3, 32, 32)
+
+
+class TokenMixer(nn.Module):
+    """gMLP's mixing over tokens without the split: a linear layer on a transposed
+    (non-contiguous) LayerNorm output, transposed back.  Its backward receives its
+    output gradient through a bias's ``add`` and a reshape that copies it."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, WIDTH // 2)
+        self.norm = nn.LayerNorm(WIDTH // 2)
+        self.proj = nn.Linear(SEQ, SEQ)
+        self.head = nn.Linear(WIDTH // 2, 10)
+
+    def forward(self, x):
+        h = self.up(x)
+        v = self.proj(self.norm(h).transpose(1, 2)).transpose(1, 2)
+        return self.head((h * v).mean(1))
+
+
+def token_mixer():
+    return TokenMixer(), _floats(BATCH, SEQ, 16)
+
+
+class SpatialGating(nn.Module):
+    """gMLP's spatial gating unit: ``chunk`` halves read by two layers (the gate
+    and a LayerNorm), the LayerNorm's output mixed over tokens as in
+    :class:`TokenMixer`."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, WIDTH)
+        self.norm = nn.LayerNorm(WIDTH // 2)
+        self.proj = nn.Linear(SEQ, SEQ)
+        self.head = nn.Linear(WIDTH // 2, 10)
+
+    def forward(self, x):
+        u, v = self.up(x).chunk(2, dim=-1)
+        v = self.proj(self.norm(v).transpose(1, 2)).transpose(1, 2)
+        return self.head((u * v).mean(1))
+
+
+def spatial_gating():
+    return SpatialGating(), _floats(BATCH, SEQ, 16)
