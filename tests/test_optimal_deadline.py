@@ -224,7 +224,9 @@ def test_cli_json_is_one_object_when_the_search_is_isolated(tmp_path, capfd, mon
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
 def test_plan_optimal_ends_at_its_limit(monkeypatch):
     # ResNet-50 b16 at 1.5x: a 117k x 251k model (1M nonzeros) HiGHS needs
-    # seconds to presolve; with 3 s in all its search is cut short
+    # seconds to presolve; with 5 s in all its search is cut short (3 s left the model
+    # unbuilt under load once superneurons refined its recomputations twice: the
+    # heuristics take 1.5-2.5 s of the limit)
     import snsim.policies.optimal as opt
     from snsim.cli import _load
     from snsim.policies import plan
@@ -236,9 +238,9 @@ def test_plan_optimal_ends_at_its_limit(monkeypatch):
     monkeypatch.setattr(opt, "MIN_SOLVE_SHARE", 0.0)
     before = children()
     t = time.perf_counter()
-    s = plan("optimal", PlanContext(g, int(1.5 * g.lower_bound_bytes), {"time_limit": 3.0}))
+    s = plan("optimal", PlanContext(g, int(1.5 * g.lower_bound_bytes), {"time_limit": 5.0}))
     took = time.perf_counter() - t
-    assert took < 3.0 + 1.0
+    assert took < 5.0 + 1.0
     assert s.stats["status"] == "time-limit" and s.stats["milp_columns"] > 100_000
     assert s.infeasible_reason is None   # the best heuristic plan, polished
     assert children() == before
