@@ -377,7 +377,8 @@ def refined(g: Graph, cap: int, top: list[_Plan]) -> _Plan:
     """The fastest of ``top``'s plans, each with its recomputations refined
     (:func:`polish.refine`: undone, trimmed or swapped where that is faster;
     note 9) and its swaps probed, the fastest's swaps refined further (note
-    10); a tie is the plan planned first."""
+    10) and then its recomputations once more (note 11); a tie is the plan
+    planned first."""
     best = None
     converged = False   # the best plan's probe ended on a pass that changed nothing
     work = polish.Work(REFINE_WORK // len(top[0].ops))
@@ -392,7 +393,7 @@ def refined(g: Graph, cap: int, top: list[_Plan]) -> _Plan:
             plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
         if best is None or plan.ms < best.ms:
             best, converged = plan, probe.left > 0
-    if not converged:   # continued, the same pass would change nothing again
+    if not converged:   # (a probe that converged: the same pass changes nothing)
         ms, ops, changed = polish.refine_swaps(g, cap, best.ops, best.ms,
                                                polish.Work(SWAP_WORK // len(best.ops)))
         if changed:
