@@ -2,7 +2,8 @@
 
 Tensors are small tuples ``(kind, layer)``: ``("X", i)`` the forward output
 of layer i, ``("G", i)`` its gradient, ``("S", i)`` its saved extras,
-``("P", i)`` the buffer of its shared parameters' gradients.  Steps
+``("P", i)`` the buffer of its shared parameters' gradients, ``("G<c>", i)`` the
+piece of ``G_i`` that layer c's backward makes apart (``grad_pieces``).  Steps
 are ``(phase, layer)`` with phase ``"F"`` (forward), ``"B"`` (backward) or
 ``"R"`` (a recomputed forward, outside the route).
 
@@ -42,6 +43,12 @@ def P(i: int) -> Tensor:
     return ("P", i)
 
 
+def piece(c: int, j: int) -> Tensor:
+    """The gradient of the pieces of ``X_j`` that layer c reads (``grad_pieces``), kept
+    apart until the last such layer's backward joins them into ``G_j``."""
+    return (f"G{c}", j)
+
+
 def result(i: int, k: int) -> Tensor:
     """Result ``k`` of layer i's op (``output_sizes``): ``X_i`` is result 0."""
     return ("X", i) if k == 0 else (f"X{k}", i)
@@ -49,6 +56,7 @@ def result(i: int, k: int) -> Tensor:
 
 # How a backward step contributes to an input's gradient (Graph.grad_plan)
 NEW, SHARE, ADD, COPY = "new", "share", "add", "copy"
+PIECE, JOIN = "piece", "join"   # pieces of a multi-output view (grad_pieces)
 
 
 def tensor_name(t: Tensor) -> str:
@@ -229,10 +237,12 @@ class Graph:
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
             for _, mode, store, old in grad_plan[i]:
-                if mode == NEW or mode == COPY:
+                if mode == NEW or mode == COPY or mode == PIECE or mode == JOIN:
                     allocs.append(store)
                 if mode == ADD or mode == COPY:
                     needs.append(old)
+                elif mode == JOIN:
+                    needs.extend(old)
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
                     (allocs if self.param_buffers[p][1][0] == i else needs).append(ps[p])
@@ -254,8 +264,16 @@ class Graph:
         sums out of place into a new buffer ``("G", j)`` (``COPY``), as its
         input buffers do.  Without ``grad_shares`` every ``G_j`` is ``("G", j)``
         and this is the plain rule of section 3.
+
+        Where every layer that contributes to ``G_j`` reads ``X_j`` through pieces
+        of one multi-output view (``grad_pieces``: ``u, v = x.chunk(2)``), each
+        but the last of them makes its pieces' gradient apart (``PIECE``: a new
+        tensor ``piece(i, j)``), and the last joins them all into a new ``("G",
+        j)`` (``JOIN``, needing the others' pieces), as the view's one backward
+        node does once it has them all.
         """
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
+        groups = self._piece_groups()
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run)
         live: dict[Tensor, set[int]] = {}
@@ -273,6 +291,15 @@ class Graph:
             plan = []
             for j in dict.fromkeys(layers[i].inputs):
                 if not rg[j]:
+                    continue
+                group = groups.get(j)
+                if group is not None:
+                    if i != group[-1]:
+                        plan.append((j, PIECE, piece(i, j), None))
+                        continue
+                    cur[j] = gs[j]
+                    live[gs[j]] = {j}
+                    plan.append((j, JOIN, gs[j], tuple(piece(c, j) for c in group[:-1])))
                     continue
                 if self.grad_owner[j] == i:
                     if j in shares and i != n - 1:
@@ -296,6 +323,32 @@ class Graph:
                 else:
                     plan.append((j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
+
+    def _piece_groups(self) -> dict[int, tuple[int, ...]]:
+        """Per layer j whose gradient autograd assembles from pieces (``grad_pieces``,
+        DESIGN 3, "Gradient storage"): its contributors in backward order, when
+        every backward step that contributes to ``G_j`` (two or more) lists ``j``;
+        each one's ``piece(c, j)`` gets its bytes.  A ``j`` that some contributor
+        reads otherwise keeps the plain rule."""
+        listed: dict[int, dict[int, int]] = {}   # j -> {contributor: piece bytes}
+        for layer in self.layers:
+            if layer.extra:
+                for j, nb in layer.extra.get("grad_pieces", ()):
+                    listed.setdefault(j, {})[layer.id] = nb
+        if not listed:
+            return {}
+        rg, one = self.requires_grad, self._same_int.setdefault
+        groups = {}
+        for j, by in listed.items():
+            if not rg[j]:
+                continue
+            contributors = [c for c in reversed(self.consumers[j]) if rg[c]]
+            if len(contributors) < 2 or any(c not in by for c in contributors):
+                continue
+            groups[j] = tuple(contributors)
+            for c in contributors[:-1]:
+                self.sizes[piece(c, j)] = one(by[c], by[c])
+        return groups
 
     def _plan_param_buffers(self) -> None:
         """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).

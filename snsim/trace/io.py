@@ -32,7 +32,8 @@ _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_
                "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace", "grad_bytes"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
 # the optional layer fields only some checks of _semantic_check and _oplog_check read
-_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "param_shares", "inplace_alias",
+_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "grad_pieces", "param_shares",
+                        "inplace_alias",
                         "output_sizes", "input_results", "alias_of", "output_released_after",
                         "released_after"})
 _ID, _INPUTS = itemgetter("id"), itemgetter("inputs")
@@ -189,6 +190,14 @@ def _semantic_loop(layers: list, label: str) -> None:
             if j not in raw["inputs"]:
                 raise TraceError(f"{where}, field grad_shares: layer {j} is not one of its "
                                  "inputs")
+        for pair in raw.get("grad_pieces", ()):
+            if len(pair) != 2 or pair[0] not in raw["inputs"]:
+                raise TraceError(f"{where}, field grad_pieces: {pair} is not a pair "
+                                 "[input layer, bytes] naming one of its inputs")
+            if pair[1] > layers[pair[0]]["output_bytes"]:
+                raise TraceError(f"{where}, field grad_pieces: {pair[1]} bytes of pieces "
+                                 f"of layer {pair[0]}, whose output has "
+                                 f"{layers[pair[0]]['output_bytes']}")
         for pair in raw.get("param_shares", ()):
             if len(pair) != 2:
                 raise TraceError(f"{where}, field param_shares: {pair} is not a pair "

@@ -1,0 +1,117 @@
+"""Gradient pieces (docs/DESIGN.md section 3, "Gradient storage"), worked by hand.
+
+``u, v = x.chunk(2)`` read by two layers has one backward node for both
+halves: autograd keeps the first half's gradient apart (half the bytes) until
+the other layer's backward has made the second, and only then concatenates
+them into ``G_x``.  ``grad_pieces`` on each reader says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from snsim.graph import JOIN, NEW, PIECE, Graph, piece, tensor_name
+from snsim.policies import names, plan
+from snsim.policies.base import PlanContext
+from snsim.policies.liveness import liveness_ops
+from snsim.schedule import verify
+from snsim.schedule.ledger import effects
+from snsim.schedule.ops import Schedule
+from snsim.sim import simulate
+from tests.conftest import L, liveness_peak, make
+
+
+def _gated(pieces: bool, loss_reads=()):
+    # data 10 -> up (fc, 10 B params) 400 -> chunk: v -> norm 200; u * norm -> mul 200
+    # -> loss 4; norm and mul read their inputs, the loss nothing
+    norm = L(2, "norm", [1], 200, reads=["inputs"])
+    mul = L(3, "other", [1, 2], 200, reads=["inputs"])
+    if pieces:
+        norm = replace(norm, extra={"grad_pieces": [[1, 200]]})
+        mul = replace(mul, extra={"grad_pieces": [[1, 200]]})
+    return make([L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
+                 norm, mul, L(4, "loss", [3], 4, reads=loss_reads)])
+
+
+def _levels(trace):
+    """Level after each op's allocation (before its frees), per compute step."""
+    g = Graph(trace)
+    ops = liveness_ops(g)
+    level, out = g.trace.static_bytes, {}
+    for op, (alloc, ws, free) in zip(ops, effects(g, Schedule("liveness", ops, 1 << 40))):
+        level += alloc
+        if op.action == "compute":
+            out[f"{op.phase}{op.layer}"] = level + ws
+        level -= free
+    return out
+
+
+def test_the_first_reader_makes_its_piece_and_the_last_joins_them():
+    g = Graph(_gated(True))
+    q = piece(3, 1)
+    assert tensor_name(q) == "G3.1" and g.size(q) == 200
+    # backward order: mul (B3) first, its piece of G1 apart; norm (B2) joins
+    assert g.grad_plan[3] == ((1, PIECE, q, None), (2, NEW, ("G", 2), None))
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (q,)),)
+    assert g.allocs(("B", 3)) == (q, ("G", 2))
+    assert g.allocs(("B", 2)) == (("G", 1),)
+    assert q in g.needs(("B", 2)) and ("G", 1) not in g.needs(("B", 3))
+    assert q in g.dying[("B", 2)]
+
+
+def test_levels_by_hand():
+    # static 2 x 10 = 20.  Forward: X0 10, X1 400, X2 200, X3 200, X4 4 -> 834;
+    # X3 and X4 go after F4 (no backward reads them): 630.
+    # B4: + G4 4 + G3 200 = 834; G4 goes: 830.
+    # B3 (mul): + its piece of G1 (200) + G2 200 = 1230 (where the whole G1 made
+    #   it 1430); G3 and X2 go: 830.
+    # B2 (norm): + G1 400 = 1230 (the piece still held); G2, the piece and X1 go: 430.
+    # B1: reads G1 and X0: 430.
+    got = _levels(_gated(True))
+    assert got == {"F0": 30, "F1": 430, "F2": 630, "F3": 830, "F4": 834,
+                   "B4": 834, "B3": 1230, "B2": 1230, "B1": 430}
+    plain = _levels(_gated(False))
+    assert plain["B3"] == 1430 and plain["B2"] == 1030
+    assert liveness_peak(_gated(True)) == 1230
+    assert liveness_peak(_gated(False)) == 1430
+    # lower bound: B3 alone reads G3, X1, X2 and makes its piece and G2: 20 + 1200
+    # (B2: G2, X1, the piece, G1: the same); the whole G1 at B3 made it 20 + 1400
+    assert Graph(_gated(True)).lower_bound_bytes == 1220
+    assert Graph(_gated(False)).lower_bound_bytes == 1420
+
+
+def test_a_reader_that_does_not_list_its_input_keeps_the_plain_rule():
+    t = _gated(True)
+    layers = list(t.layers)
+    layers[2] = replace(layers[2], extra={})    # norm reads x whole, say
+    g = Graph(make(layers))
+    assert [m for _, m, _, _ in g.grad_plan[3]] == [NEW, NEW]
+    assert liveness_peak(make(layers)) == liveness_peak(_gated(False))
+
+
+def test_three_readers_two_pieces_wait():
+    # data -> fc 300 -> chunk(3): a -> l2, b -> l3, c -> l4; l5 = l2 + l3 + l4 -> loss
+    ls = [L(0, "data", [], 10), L(1, "fc", [0], 300, params=10, reads=["inputs"])]
+    for i in (2, 3, 4):
+        ls.append(replace(L(i, "act", [1], 100, reads=["inputs"]),
+                          extra={"grad_pieces": [[1, 100]]}))
+    ls += [L(5, "add", [2, 3, 4], 100), L(6, "loss", [5], 4)]
+    g = Graph(make(ls))
+    assert g.grad_plan[4] == ((1, PIECE, piece(4, 1), None),)
+    assert g.grad_plan[3] == ((1, PIECE, piece(3, 1), None),)
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (piece(4, 1), piece(3, 1))),)
+    assert g.allocs(("B", 2)) == (("G", 1),)
+
+
+@pytest.mark.parametrize("budget", [None, "tight"])
+def test_every_policy_plans_a_verified_schedule_with_pieces(budget):
+    g = Graph(_gated(True, loss_reads=["inputs"]))
+    b = None if budget is None else int(1.05 * g.lower_bound_bytes)
+    for p in names():
+        s = plan(p, PlanContext(g, b))
+        verify(g, s)
+        r = simulate(g, s, b, record=False)
+        if r.feasible:
+            assert r.peak_bytes >= g.lower_bound_bytes, p
