@@ -87,6 +87,16 @@ inputs and outputs).  The pieces that make that true:
     ``capture.ShareStorage``, an identity whose result is a new tensor on the same
     storage: the in-place op rebases that result's history, the gradient
     still reaches the leaf's edge.
+[11] Gradient pieces (``grad_pieces``, capture note [13]).  Where the plan
+    makes a layer's contribution to ``G_j`` a piece (``PIECE``), its backward
+    goes to the gradient edges of the pieces of the multi-output view it
+    reads (``u, v = x.chunk(2)``: ``SplitBackward0``'s outputs), not to
+    ``X_j``'s leaf, and the store keeps their gradients (a list, one per
+    piece read) under the piece's name.  The last reader (``JOIN``) passes
+    the others' piece gradients to ``torch.autograd.grad`` as gradients of
+    its own copy of the view's other outputs, so that the view's one
+    backward node joins them with its own after the layer's nodes have run,
+    as in ``loss.backward()``.
 """
 
 from __future__ import annotations
@@ -101,7 +111,7 @@ from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
 from snsim.execute.transfer import CopyEngines
-from snsim.graph import ADD, COPY, SHARE, Graph
+from snsim.graph import ADD, COPY, JOIN, PIECE, SHARE, Graph, tensor_name
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 from snsim.torchgraph import amp
@@ -325,8 +335,11 @@ class Executor(CopyEngines):
             records.append(rec)
             return rec
 
+        seen: dict = {}
         with torch.enable_grad(), saved_tensors_hooks(pack, lambda rec: rec.get(store)):
-            out = self.p.run(i, values, in_place)
+            out = self.p.run(i, values, in_place, seen)
+        pieces = self._piece_edges(i, seen)   # [11]
+        seen.clear()
         outs = flat(out)
         out_ptrs = {storage_ptr(o): k for k, o in enumerate(outs)}
         in_ptrs = {storage_ptr(x): (j, k) for j in ins for k, x in enumerate(flat(store[("X", j)]))}
@@ -349,13 +362,28 @@ class Executor(CopyEngines):
                 [get_gradient_edge(o) if o.requires_grad else None for o in outs],
                 {j: [get_gradient_edge(x) if x is not None else None for x in xs]
                  for j, xs in leaves.items()},
-                [o.shape for o in outs], records)
+                [o.shape for o in outs], records, pieces)
         for xs in leaves.values():  # [1] the alias must not keep X_j alive
             for x in xs:
                 if x is not None:
                     x.data = torch.empty(0, dtype=x.dtype, device=x.device)
         store[("X", i)] = remap(out, lambda o: o.detach())
         self._note_parts(i, out)
+
+    def _piece_edges(self, i: int, seen: dict) -> dict[int, list]:
+        """The gradient edges of the pieces of each input layer ``i`` reads through a
+        multi-output view, where the plan makes or joins piece gradients [11]."""
+        out: dict[int, list] = {}
+        for j, mode, _, _ in self.g.grad_plan.get(i, ()):
+            if mode != PIECE and mode != JOIN:
+                continue
+            got = self.p.pieces.get(i, {}).get(j)
+            parts = seen.get(got[0]) if got is not None else None
+            if parts is None:
+                raise ScheduleError(f"the trace says layer {i} reads layer {j} through "
+                                    "pieces of a view (grad_pieces); the model does not")
+            out[j] = [get_gradient_edge(x) if x.requires_grad else None for x in parts]
+        return out
 
     def _note_parts(self, i: int, out: Any) -> None:
         if not isinstance(out, torch.Tensor):  # a tuple-valued layer [6]
@@ -371,8 +399,8 @@ class Executor(CopyEngines):
         elif not hands_over(g, ops, k_op, self.host):
             return False
         for t in dying_reads(g, ops, k_op, self.host):
-            if t[0] == "G":   # the step itself sums into it (out of place) [5]: the
-                continue      # schedule's free releases it after the step
+            if t[0][0] == "G":   # the step sums into it (out of place) [5] or joins
+                continue         # it [11]: the schedule's free releases it after the step
             if t[0] == "S":
                 for rec in self.extras.pop(t[1], []):
                     rec.own(None)
@@ -441,23 +469,31 @@ class Executor(CopyEngines):
             gouts = gout if isinstance(gout, list) else [gout]
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
-        slots = [(j, k) for j in ins for k, e in enumerate(edge.inputs[j]) if e is not None]
-        targets = [edge.inputs[j][k] for j, k in slots] + params
+        plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
+        # [11] a piece's contribution goes to the view's edges, not to X_j's leaf
+        own_pieces = [(j, k) for j in ins if plan[j][0] == PIECE
+                      for k in self.p.pieces[i][j][1] if edge.pieces[j][k] is not None]
+        slots = [(j, k) for j in ins if plan[j][0] != PIECE
+                 for k, e in enumerate(edge.inputs[j]) if e is not None]
+        targets = [edge.inputs[j][k] for j, k in slots] \
+            + [edge.pieces[j][k] for j, k in own_pieces] + params
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
+        joined, joined_g = self._joined(i, edge, plan)
         hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
                                  else self._accumulate(p)) for p in params]   # [8], [10]
         if handed and i != self.g.n - 1:
             hooks.append(self._release_own(i, k_op, pairs))
         hooks = [h for h in hooks if h is not None]
         try:
-            grads = torch.autograd.grad([e for e, _ in pairs], targets,
-                                        grad_outputs=[gx for _, gx in pairs], allow_unused=True)
+            grads = torch.autograd.grad([e for e, _ in pairs] + joined, targets,
+                                        grad_outputs=[gx for _, gx in pairs] + joined_g,
+                                        allow_unused=True)
         finally:
             for h in hooks:
                 h.remove()
-        del edge
+        del edge, joined, joined_g
         for owner in self.g.buffer_steps.get(i, ()):   # the last contribution [10]
             if self.g.param_buffers[owner][1][-1] == i:
                 parts = store.get(("P", owner))
@@ -468,7 +504,16 @@ class Executor(CopyEngines):
                         q.grad.add_(t)
         own = {storage_ptr(gx) for _, gx in pairs}
         taken = set(own)
-        plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
+        got = grads[len(slots):len(slots) + len(own_pieces)]
+        for (j, k), gk in zip(own_pieces, got):   # [11] one list per piece tensor,
+            ks = self.p.pieces[i][j][1]              # in the order of the pieces read
+            parts = store.setdefault(plan[j][1], [None] * len(ks))
+            if gk is not None:
+                if storage_ptr(gk) in taken:
+                    gk = gk.clone()
+                taken.add(storage_ptr(gk))
+                parts[ks.index(k)] = gk
+        del got
         for (j, k), gj in zip(slots, grads):
             if gj is None:
                 continue
@@ -515,6 +560,23 @@ class Executor(CopyEngines):
                     parts[k] = gj
                 else:
                     parts[k].add_(gj)
+
+    def _joined(self, i: int, edge, plan) -> tuple[list, list]:
+        """The other readers' piece gradients that layer ``i``'s backward joins into
+        ``G_j``, with the edges of its own view's pieces they are the gradients of [11]."""
+        outs, grads = [], []
+        for j, (mode, _, old) in plan.items():
+            if mode != JOIN:
+                continue
+            for q in old:
+                parts = self.store.get(q)
+                if parts is None:
+                    raise ScheduleError(f"needs {tensor_name(q)}, not resident")
+                for k, gk in zip(self.p.pieces[int(q[0][1:])][j][1], parts):
+                    if gk is not None:
+                        outs.append(edge.pieces[j][k])
+                        grads.append(gk)
+        return outs, grads
 
     def _accumulate(self, p: torch.Tensor):
         """A hook that adds a parameter's gradient into ``p.grad`` the moment autograd

@@ -3,7 +3,7 @@ tuple-valued layer values (notes [2], [6] and [7] of :mod:`snsim.execute.executo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -63,6 +63,9 @@ class Edge:
     inputs: dict[int, list]     # input layer -> GradientEdge per tensor of its leaf alias
     shapes: list
     records: list[Saved]       # keep the handles alive with the graph
+    # input layer -> GradientEdge per piece of the multi-output view it is read
+    # through, where the graph's plan makes or joins piece gradients (executor [11])
+    pieces: dict[int, list] = field(default_factory=dict)
 
 
 def storage_ptr(t: torch.Tensor) -> int:

@@ -93,6 +93,18 @@ Notes the code points back to:
     tensors computed once (positions from ``arange``, masks) are memory the
     model holds for the whole iteration: the trace's top-level
     ``constant_bytes``, static beside the weights and their gradients.
+[13] Pieces of one multi-output view read by different layers (gMLP's
+    ``u, v = x.chunk(2, -1)``, a GLU's halves).  The view has one backward
+    node (``SplitBackward0``, ``UnbindBackward0``) for all its pieces:
+    autograd keeps the gradient of the pieces one reader's backward makes in
+    that node's input buffer until every reader's has run, and only then
+    joins them into the input's gradient.  Where every layer reading ``X_j``
+    reads it only through pieces of one such view, two or more layers read
+    them and no piece is read by two, each reader lists ``[j, bytes of its
+    pieces]`` in ``grad_pieces`` (DESIGN 3, "Gradient storage"); the
+    executor makes each reader's piece gradients apart and joins them with
+    the view's own backward node.  Other shapes (a reader that also reads
+    ``X_j`` whole, a piece read twice) keep the plain rule.
 """
 
 from __future__ import annotations
@@ -199,6 +211,9 @@ class CapturedLayer:
     grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
     grad_shares: tuple[int, ...] = ()   # inputs whose gradient is G_i's storage [10]
     param_shares: tuple[tuple[int, int], ...] = ()   # (owner layer, bytes) used again [11]
+    grad_pieces: tuple[tuple[int, int], ...] = ()   # (input layer, bytes of its pieces) [13]
+    # input layer -> (the multi-output view's fx node name, the pieces read) [13]
+    pieces: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -432,6 +447,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
     if rewritten:
         gm.recompile()
     _set_grad_bytes(nodes, env, node_layer, layers)
+    _set_grad_pieces(list(gm.graph.nodes), env, node_layer, layers)
     _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
         progress(None)
@@ -468,6 +484,64 @@ def _set_grad_bytes(nodes, env, node_layer, layers) -> None:
             continue
         used = _used(node, value)
         layers[lid].grad_bytes = sum(nbytes(t) for t in used if t.is_floating_point())
+
+
+def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
+    """``grad_pieces`` of the layers that read an input through pieces of one
+    multi-output view that other layers read too [13]."""
+    producer: dict[int, fx.Node] = {}
+    for node in nodes:
+        lid = node_layer.get(node.name)
+        if lid is not None and lid not in producer:
+            producer[lid] = node
+    # input layer -> {reader layer: the pieces it reads, None for a whole read}
+    reads: dict[int, dict[int, set]] = {}
+    for i in range(1, len(layers)):
+        node = producer.get(i)
+        if node is None:
+            continue
+        for n in dict.fromkeys(node.all_input_nodes):
+            j = node_layer.get(n.name)
+            if j is None or not isinstance(env.get(n.name), torch.Tensor):
+                continue
+            reads.setdefault(j, {}).setdefault(i, set()).add(
+                _piece_of(n, j, producer[j], env, node_layer))
+    for j, readers in reads.items():
+        views = {p[0] for got in readers.values() for p in got if p is not None}
+        if len(readers) < 2 or len(views) != 1 or not layers[j].requires_grad \
+                or not isinstance(env.get(producer[j].name), torch.Tensor) \
+                or any(None in got for got in readers.values()):
+            continue
+        picked = [k for got in readers.values() for _, k in got]
+        if len(picked) != len(set(picked)) or any(
+                layers[i].inplace_of == j or j in layers[i].grad_shares for i in readers):
+            continue
+        view = views.pop()
+        for i, got in readers.items():
+            ks = tuple(sorted(k for _, k in got))
+            layer = layers[i]
+            layer.grad_pieces += ((j, sum(nbytes(env[view][k]) for k in ks)),)
+            layer.pieces[j] = (view, ks)
+
+
+def _piece_of(n: fx.Node, j: int, producer: fx.Node, env, node_layer):
+    """``(view node name, piece index)`` if ``n`` (layer j or a view of it) is a
+    piece of a multi-output view of layer j (or a view of such a piece), else
+    None [13]."""
+    p = n
+    while p is not producer:
+        if p.op == "call_function" and p.target is operator.getitem \
+                and isinstance(p.args[0], fx.Node) and isinstance(p.args[1], int):
+            src = p.args[0]
+            value = env.get(src.name)
+            if src is not producer and node_layer.get(src.name) == j \
+                    and isinstance(value, (tuple, list)):
+                return (src.name, p.args[1] % len(value))
+        back = [a for a in p.all_input_nodes if node_layer.get(a.name) == j]
+        if not back:
+            return None
+        p = back[0]
+    return None
 
 
 def _used(node: fx.Node, value) -> list[torch.Tensor]:

@@ -75,6 +75,9 @@ class Program:
         # (what autograd saves differs in place, note [2]): into their input's
         # storage where the executor says so, else on a copy of that input
         self._in_place: dict[int, Callable] = {}
+        # layer -> {input layer: (multi-output view's node name, pieces it reads)}
+        # (capture note [13])
+        self.pieces: dict[int, dict[int, tuple[str, tuple[int, ...]]]] = {}
         targets = None
         for c in captured.layers:
             i = len(self.layers)
@@ -85,6 +88,8 @@ class Program:
             self.layers.append(LayerFn(i, node, c.inputs, module, params))
             if c.inplace_of is not None and node is not None:
                 self._in_place[i] = cap.inplace_callable(self.gm, node)
+            if c.pieces:
+                self.pieces[i] = dict(c.pieces)
             if c.kind == "loss":
                 targets = c.op
         if self.layers[-1].node is not None or targets is None:
@@ -159,12 +164,15 @@ class Program:
             for i in range(1, self.n - 1):
                 values[i] = self.run(i, values)
 
-    def run(self, i: int, values: dict[int, Any], in_place: bool = False) -> Any:
+    def run(self, i: int, values: dict[int, Any], in_place: bool = False,
+            seen: dict | None = None) -> Any:
         """Compute layer ``i`` from its input layers' tensors.  An in-place layer runs
         the model's in-place kernel: with ``in_place`` into its first input, else
-        into a copy of it (a new tensor, as the trace counts it; capture note [2])."""
+        into a copy of it (a new tensor, as the trace counts it; capture note [2]).
+        ``seen``, if given, receives the value of every fx node the call evaluated
+        (views of the inputs among them), by node name."""
         layer = self.layers[i]
-        seen: dict = {}
+        seen = {} if seen is None else seen
         if i == self.n - 1:
             return self.loss([self._value(n, values, seen)
                               for n in cap.output_nodes(self._out_node)])
