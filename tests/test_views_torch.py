@@ -81,3 +81,40 @@ def test_a_view_read_beside_its_pieces_keeps_the_plain_rule():
     doc = profiler.profile("tests.test_views_torch:piece_and_whole", None,
                            device_model="k40c")
     assert not any("grad_pieces" in la for la in doc["layers"])
+
+
+class _PassThroughPiece(torch.nn.Module):
+    """``u + relu(v)``: the add's backward hands ``u`` its own gradient's storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(16, 64)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        u, v = self.up(x).chunk(2, dim=-1)
+        return self.head(u + torch.relu(v))
+
+
+def pass_through_piece():
+    return _PassThroughPiece(), torch.randn(8, 16)
+
+
+def test_a_piece_passed_through_an_add_is_not_the_add_s_gradient_storage():
+    # capture listed the add in grad_shares for the piece's layer, whose gradient
+    # the split's backward makes anew: the executor refused the trace ("autograd
+    # did not"); now no share, and the piece group keeps the plain rule
+    from snsim.profile import profiler
+
+    doc = profiler.profile("tests.test_views_torch:pass_through_piece", None,
+                           device_model="k40c")
+    by_name = {la["name"]: la for la in doc["layers"]}
+    up = by_name["up"]["id"]
+    assert not any(up in la.get("grad_shares", ()) or "grad_pieces" in la
+                   for la in doc["layers"])
+    assert any(la.get("grad_shares") for la in doc["layers"])   # relu(v)'s, whole
+    case = Case(model="tests.test_views_torch:pass_through_piece", batch=None,
+                policy="liveness", repeats=1, warmup=0)
+    out = validate_case(case, Session())
+    assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
+    assert abs(out.peak_error) < 0.001, out.peak_error

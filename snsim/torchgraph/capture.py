@@ -79,7 +79,9 @@ Notes the code points back to:
     (``torch.autograd.grad``), and the inputs whose gradient comes back in
     that same storage are the layer's ``grad_shares``: ``add`` passes its
     gradient through to both inputs, ``cat`` hands each input a slice of it,
-    a reshape returns a view.  Read from autograd, never from a table of op
+    a reshape returns a view.  An input read through a smaller view (a
+    ``chunk`` piece, a slice) is not listed: that view's backward makes the
+    input layer's gradient anew.  Read from autograd, never from a table of op
     names; memoized with the rest on ``meta`` [6].  Only single-tensor layers
     fed by single-tensor layers are checked (a tuple's gradient is a list).
 [11] A parameter used by several layers (a module called twice, a tied
@@ -210,6 +212,8 @@ class CapturedLayer:
     requires_grad: bool = True
     grad_bytes: int | None = None   # a tuple's elements that receive a gradient [9]
     grad_shares: tuple[int, ...] = ()   # inputs whose gradient is G_i's storage [10]
+    # inputs read through a smaller view to which the backward passes G_i's storage [10]
+    passes_to_view: tuple[int, ...] = ()
     param_shares: tuple[tuple[int, int], ...] = ()   # (owner layer, bytes) used again [11]
     grad_pieces: tuple[tuple[int, int], ...] = ()   # (input layer, bytes of its pieces) [13]
     # input layer -> (the multi-output view's fx node name, the pieces read) [13]
@@ -514,7 +518,7 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
             continue
         picked = [k for got in readers.values() for _, k in got]
         if len(picked) != len(set(picked)) or any(
-                layers[i].inplace_of == j or j in layers[i].grad_shares for i in readers):
+                layers[i].inplace_of == j or j in layers[i].passes_to_view for i in readers):
             continue
         view = views.pop()
         for i, got in readers.items():
@@ -725,7 +729,8 @@ def _run_node(gm, node, env, node_layer, layers, static_ids, seen_params, memo,
         inplace_of=mutated,
         inplace_alias=mutated is not None and isinstance(out, torch.Tensor)
         and nbytes(out) == layers[mutated].output_bytes,
-        grad_shares=_shared_inputs(shares, layer_args, node_layer),
+        grad_shares=_shared_inputs(shares, layer_args, node_layer, env, True),
+        passes_to_view=_shared_inputs(shares, layer_args, node_layer, env, False),
         param_shares=tuple(sorted(shared.items()))))
 
 
@@ -743,27 +748,45 @@ def _grad_shares(out, leaves, single) -> tuple[int, ...]:
     return tuple(k for k, gk in zip(diff, grads) if gk is not None and _sid(gk) == _sid(g))
 
 
-def _shared_inputs(shares, layer_args, node_layer) -> tuple[int, ...]:
+def _shared_inputs(shares, layer_args, node_layer, env, whole: bool) -> tuple[int, ...]:
     """Layer ids of the shared leaves, for layers read through exactly one leaf
-    (two leaves of one layer get their gradients summed into a new buffer)."""
+    (two leaves of one layer get their gradients summed into a new buffer):
+    with ``whole``, those read whole or through a view of the same bytes; else
+    those read through a smaller view (a ``chunk`` piece, a slice), whose
+    backward makes the layer's gradient anew, so it is not this storage [10]."""
     count: dict[int, int] = {}
     for n in layer_args:
         lid = node_layer[n.name]
         count[lid] = count.get(lid, 0) + 1
     return tuple(dict.fromkeys(node_layer[layer_args[k].name] for k in shares
-                               if count[node_layer[layer_args[k].name]] == 1))
+                               if count[node_layer[layer_args[k].name]] == 1
+                               and _reads_whole(node_layer, layer_args[k], env) == whole))
+
+
+def _reads_whole(node_layer, n: fx.Node, env) -> bool:
+    """Is ``n`` its layer's whole tensor, or a view of it with the same bytes (a
+    transpose, a reshape)?  A tuple-valued layer's element counts as whole [9]."""
+    value = env[_producer_of(node_layer, n).name]
+    if not isinstance(value, torch.Tensor):
+        return True
+    return nbytes(env[n.name]) == nbytes(value)
+
+
+def _producer_of(node_layer, n: fx.Node) -> fx.Node:
+    """The node that produced ``n``'s layer (``n`` itself, or what it is a view of)."""
+    lid = node_layer[n.name]
+    p = n
+    while True:
+        src = [a for a in p.all_input_nodes if node_layer.get(a.name) == lid]
+        if not src:
+            return p
+        p = src[0]
 
 
 def _one_gradient(gm, node_layer, n: fx.Node, env) -> bool:
     """Is ``n`` (a layer or a view of one) all of its layer's gradient: a
     single-tensor layer, or the one element of a tuple that receives one [9]?"""
-    lid = node_layer[n.name]
-    p = n
-    while True:   # back to the node that produced the layer
-        src = [a for a in p.all_input_nodes if node_layer.get(a.name) == lid]
-        if not src:
-            break
-        p = src[0]
+    p = _producer_of(node_layer, n)
     value = env[p.name]
     if isinstance(value, torch.Tensor):
         return True
