@@ -273,7 +273,8 @@ class Graph:
         node does once it has them all.
         """
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
-        groups = self._piece_groups()
+        # layer j -> the layers whose pieces autograd joins into G_j, in backward order
+        self.piece_groups = groups = self._piece_groups()
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run)
         live: dict[Tensor, set[int]] = {}

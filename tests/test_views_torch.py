@@ -45,6 +45,19 @@ def test_chunk_halves_read_by_two_layers_match_plain_pytorch():
     assert abs(out.plain_peak_error) < 0.001, out.plain_peak_error
 
 
+def test_pieces_swapped_and_recomputed_at_the_lower_bound():
+    # superneurons at 1.0x the lower bound (130,256 B, under liveness's 138,448):
+    # the pieces are stored, moved and freed like any gradient, and the join
+    # still reproduces autograd's gradients exactly
+    case = Case(model="tests.families:spatial_gating", batch=None, policy="superneurons",
+                budget="1.0xlb", repeats=1, warmup=0)
+    out = validate_case(case, Session())
+    assert out.feasible
+    assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
+    assert out.measured_peak_bytes == out.predicted_peak_bytes == out.lower_bound_bytes
+    assert out.measured_peak_bytes < out.liveness_predicted_peak_bytes
+
+
 def test_capture_lists_the_pieces_each_reader_makes():
     from snsim.profile import profiler
 

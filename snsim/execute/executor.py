@@ -568,11 +568,11 @@ class Executor(CopyEngines):
         for j, (mode, _, old) in plan.items():
             if mode != JOIN:
                 continue
-            for q in old:
+            for c, q in zip(self.g.piece_groups[j], old):   # the readers before i
                 parts = self.store.get(q)
                 if parts is None:
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")
-                for k, gk in zip(self.p.pieces[int(q[0][1:])][j][1], parts):
+                for k, gk in zip(self.p.pieces[c][j][1], parts):
                     if gk is not None:
                         outs.append(edge.pieces[j][k])
                         grads.append(gk)
