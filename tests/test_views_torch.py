@@ -131,3 +131,49 @@ def test_a_piece_passed_through_an_add_is_not_the_add_s_gradient_storage():
     out = validate_case(case, Session())
     assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
     assert abs(out.peak_error) < 0.001, out.peak_error
+
+
+class _SwiGLU(torch.nn.Module):
+    """LLaMA's MLP: ``split`` halves, ``silu(a) * b``."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(16, 96)
+        self.down = torch.nn.Linear(48, 10)
+
+    def forward(self, x):
+        a, b = self.up(x).split([48, 48], dim=-1)
+        return self.down(torch.nn.functional.silu(a) * b).mean(1)
+
+
+def swiglu():
+    return _SwiGLU(), torch.randn(4, 8, 16)
+
+
+class _TwoPiecesOneReader(torch.nn.Module):
+    """``q, k, v = qkv.chunk(3)``: one layer reads q and k, another v."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        s = torch.softmax(q @ k.transpose(1, 2), -1)
+        return self.out(s @ v).mean(1)
+
+
+def two_pieces_one_reader():
+    return _TwoPiecesOneReader(), torch.randn(4, 8, 16)
+
+
+# liveness vs plain PyTorch before pieces were modeled (CPU, torch 2.13)
+@pytest.mark.parametrize("name, was", [("swiglu", -0.110), ("two_pieces_one_reader", -0.396)])
+def test_split_and_chunk_pieces_match_plain_pytorch(name, was):
+    case = Case(model=f"tests.test_views_torch:{name}", batch=None, policy="liveness",
+                repeats=1, warmup=0)
+    out = validate_case(case, Session())
+    assert out.max_grad_abs_diff <= GRAD_TOLERANCE, out.worst_grad_param
+    assert abs(out.peak_error) < 0.001, out.peak_error
+    assert abs(out.plain_peak_error) < 0.001, (out.plain_peak_error, was)
