@@ -56,7 +56,10 @@ def result(i: int, k: int) -> Tensor:
 
 # How a backward step contributes to an input's gradient (Graph.grad_plan)
 NEW, SHARE, ADD, COPY = "new", "share", "add", "copy"
-PIECE, JOIN = "piece", "join"   # pieces of a multi-output view (grad_pieces)
+# pieces of a multi-output view (grad_pieces): made apart, then joined into G_j as its
+# first contribution (JOIN) or added to it in place (JOIN_ADD) or out of place (JOIN_COPY)
+PIECE, JOIN, JOIN_ADD, JOIN_COPY = "piece", "join", "join-add", "join-copy"
+JOINS = (JOIN, JOIN_ADD, JOIN_COPY)
 
 
 def tensor_name(t: Tensor) -> str:
@@ -237,11 +240,12 @@ class Graph:
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
             for _, mode, store, old in grad_plan[i]:
-                if mode == NEW or mode == COPY or mode == PIECE or mode == JOIN:
+                if mode == NEW or mode == COPY or mode == PIECE or mode == JOIN \
+                        or mode == JOIN_COPY:
                     allocs.append(store)
                 if mode == ADD or mode == COPY:
                     needs.append(old)
-                elif mode == JOIN:
+                elif mode in JOINS:
                     needs.extend(old)
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
@@ -265,12 +269,15 @@ class Graph:
         input buffers do.  Without ``grad_shares`` every ``G_j`` is ``("G", j)``
         and this is the plain rule of section 3.
 
-        Where every layer that contributes to ``G_j`` reads ``X_j`` through pieces
-        of one multi-output view (``grad_pieces``: ``u, v = x.chunk(2)``), each
-        but the last of them makes its pieces' gradient apart (``PIECE``: a new
-        tensor ``piece(i, j)``), and the last joins them all into a new ``("G",
-        j)`` (``JOIN``, needing the others' pieces), as the view's one backward
-        node does once it has them all.
+        Where two or more layers read ``X_j`` through pieces of one multi-output
+        view (``grad_pieces``: ``u, v = x.chunk(2)``), each but the last of them
+        makes its pieces' gradient apart (``PIECE``: a new tensor ``piece(i,
+        j)``), and the last joins them all, needing the others' pieces, as the
+        view's one backward node does once it has them all: into a new ``("G",
+        j)`` where that is the first contribution to ``G_j`` (``JOIN``), else
+        added to ``G_j`` as any contribution is (``JOIN_ADD``, ``JOIN_COPY``,
+        whose ``old`` ends with the storage added to).  Layers that read ``X_j``
+        whole contribute as they always do.
         """
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
         # layer j -> the layers whose pieces autograd joins into G_j, in backward order
@@ -294,15 +301,22 @@ class Graph:
                 if not rg[j]:
                     continue
                 group = groups.get(j)
+                joined = ()
                 if group is not None:
-                    if i != group[-1]:
+                    if i in group and i != group[-1]:
                         plan.append((j, PIECE, piece(i, j), None))
                         continue
+                    if i == group[-1]:
+                        joined = tuple(piece(c, j) for c in group[:-1])
+                    first = j not in cur   # a piece reader before may not have made it
+                else:
+                    first = self.grad_owner[j] == i
+                if joined and first:
                     cur[j] = gs[j]
-                    live[gs[j]] = {j}
-                    plan.append((j, JOIN, gs[j], tuple(piece(c, j) for c in group[:-1])))
+                    live.setdefault(gs[j], set()).add(j)
+                    plan.append((j, JOIN, gs[j], joined))
                     continue
-                if self.grad_owner[j] == i:
+                if first:
                     if j in shares and i != n - 1:
                         cur[j] = own
                         plan.append((j, SHARE, own, None))
@@ -320,17 +334,18 @@ class Graph:
                     cur[j] = gs[j]
                     live[old].discard(j)
                     live.setdefault(gs[j], set()).add(j)
-                    plan.append((j, COPY, gs[j], old))
+                    plan.append((j, JOIN_COPY, gs[j], joined + (old,)) if joined
+                                else (j, COPY, gs[j], old))
                 else:
-                    plan.append((j, ADD, old, old))
+                    plan.append((j, JOIN_ADD, old, joined + (old,)) if joined
+                                else (j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
     def _piece_groups(self) -> dict[int, tuple[int, ...]]:
-        """Per layer j whose gradient autograd assembles from pieces (``grad_pieces``,
-        DESIGN 3, "Gradient storage"): its contributors in backward order, when
-        every backward step that contributes to ``G_j`` (two or more) lists ``j``;
-        each one's ``piece(c, j)`` gets its bytes.  A ``j`` that some contributor
-        reads otherwise keeps the plain rule."""
+        """Per layer j part of whose gradient autograd assembles from pieces
+        (``grad_pieces``, DESIGN 3, "Gradient storage"): the backward steps that
+        list ``j`` (two or more), in backward order; each but the last one's
+        ``piece(c, j)`` gets its bytes."""
         listed: dict[int, dict[int, int]] = {}   # j -> {contributor: piece bytes}
         for layer in self.layers:
             if layer.extra:
@@ -343,8 +358,8 @@ class Graph:
         for j, by in listed.items():
             if not rg[j]:
                 continue
-            contributors = [c for c in reversed(self.consumers[j]) if rg[c]]
-            if len(contributors) < 2 or any(c not in by for c in contributors):
+            contributors = [c for c in reversed(self.consumers[j]) if rg[c] and c in by]
+            if len(contributors) < 2:
                 continue
             groups[j] = tuple(contributors)
             for c in contributors[:-1]:

@@ -3,7 +3,8 @@
 ``u, v = x.chunk(2)`` read by two layers has one backward node for both
 halves: autograd keeps the first half's gradient apart (half the bytes) until
 the other layer's backward has made the second, and only then concatenates
-them into ``G_x``.  ``grad_pieces`` on each reader says so.
+them into ``G_x``.  ``grad_pieces`` on each reader says so; layers that read
+``x`` whole contribute to ``G_x`` as always, the joined pieces as one more.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from snsim.graph import JOIN, NEW, PIECE, Graph, piece, tensor_name
+from snsim.graph import (ADD, JOIN, JOIN_ADD, JOIN_COPY, NEW, PIECE, SHARE, Graph, piece,
+                         tensor_name)
 from snsim.policies import names, plan
 from snsim.policies.base import PlanContext
 from snsim.policies.liveness import liveness_ops
@@ -115,3 +117,79 @@ def test_every_policy_plans_a_verified_schedule_with_pieces(budget):
         r = simulate(g, s, b, record=False)
         if r.feasible:
             assert r.peak_bytes >= g.lower_bound_bytes, p
+
+
+def _with_whole_reader(first_in_backward: bool):
+    # _gated plus tanh(X1) (400 B, reads its output), a whole reader of X1 after
+    # the pieces in the forward (first in backward) or before them; both heads
+    # meet in a 4 B layer that reads nothing
+    def pieces(layer):
+        return replace(layer, extra={"grad_pieces": [[1, 200]]})
+    if first_in_backward:
+        body = [pieces(L(2, "norm", [1], 200, reads=["inputs"])),
+                pieces(L(3, "other", [1, 2], 200, reads=["inputs"])),
+                L(4, "act", [1], 400, reads=["output"]), L(5, "other", [3, 4], 4)]
+    else:
+        body = [L(2, "act", [1], 400, reads=["output"]),
+                pieces(L(3, "norm", [1], 200, reads=["inputs"])),
+                pieces(L(4, "other", [1, 3], 200, reads=["inputs"])),
+                L(5, "other", [2, 4], 4)]
+    return make([L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"])]
+                + body + [L(6, "loss", [5], 4)])
+
+
+def test_a_whole_reader_first_makes_g_and_the_join_adds_into_it():
+    t = _with_whole_reader(True)
+    g = Graph(t)
+    q = piece(3, 1)
+    assert g.grad_plan[4] == ((1, NEW, ("G", 1), None),)
+    assert g.grad_plan[3] == ((1, PIECE, q, None), (2, NEW, ("G", 2), None))
+    assert g.grad_plan[2] == ((1, JOIN_ADD, ("G", 1), (q, ("G", 1))),)
+    assert g.allocs(("B", 2)) == () and {q, ("G", 1)} <= set(g.needs(("B", 2)))
+    # static 20.  Forward to 1238 (X0 10, X1 400, X2 200, X3 200, X4 400, X5 4,
+    # X6 4); X3 goes after F5, X5 and X6 after F6 (no backward reads them): 1030.
+    # B6: + G6 4 + G5 4 = 1038, G6 goes; B5: + G3 200 + G4 400 = 1634, G5 goes;
+    # B4 (tanh): + G1 400 = 2030, G4 and X4 go: 1230; B3 (mul): + its piece 200
+    # + G2 200 = 1630 (the whole G1 is made already), G3 and X2 go: 1230;
+    # B2 (norm): joins into G1 in place: 1230; G2, the piece and X1 go: 430.
+    got = _levels(t)
+    assert got == {"F0": 30, "F1": 430, "F2": 630, "F3": 830, "F4": 1230, "F5": 1234,
+                   "F6": 1038, "B6": 1038, "B5": 1634, "B4": 2030, "B3": 1630,
+                   "B2": 1230, "B1": 430}
+
+
+def test_a_whole_reader_last_adds_into_the_joined_g():
+    g = Graph(_with_whole_reader(False))
+    q = piece(4, 1)
+    assert g.grad_plan[4] == ((1, PIECE, q, None), (3, NEW, ("G", 3), None))
+    assert g.grad_plan[3] == ((1, JOIN, ("G", 1), (q,)),)
+    assert g.grad_plan[2] == ((1, ADD, ("G", 1), ("G", 1)),)
+
+
+def test_a_join_into_a_shared_storage_sums_out_of_place():
+    # the whole reader is an add that hands X1 its own gradient's storage, which
+    # the side branch's gradient shares until its backward runs: the join sums
+    # into a new G1, as a plain contribution would (COPY)
+    def pieces(layer):
+        return replace(layer, extra={"grad_pieces": [[2, 200]]})
+    side = L(1, "fc", [0], 400, params=10, reads=["inputs"])
+    up = L(2, "fc", [0], 400, params=10, reads=["inputs"])
+    layers = [L(0, "data", [], 10), side, up, pieces(L(3, "norm", [2], 200, reads=["inputs"])),
+              pieces(L(4, "other", [2, 3], 200, reads=["inputs"])),
+              replace(L(5, "add", [2, 1], 400), extra={"grad_shares": [2, 1]}),
+              L(6, "other", [4, 5], 4), L(7, "loss", [6], 4)]
+    g = Graph(make(layers))
+    assert g.grad_plan[5] == ((2, SHARE, ("G", 5), None), (1, SHARE, ("G", 5), None))
+    assert g.grad_plan[3] == ((2, JOIN_COPY, ("G", 2), (piece(4, 2), ("G", 5))),)
+    assert ("G", 2) in g.allocs(("B", 3)) and ("G", 5) in g.needs(("B", 3))
+    for p in names():
+        verify(g, plan(p, PlanContext(g, None)))
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_every_policy_with_a_whole_reader(first):
+    g = Graph(_with_whole_reader(first))
+    for budget in (None, int(1.05 * g.lower_bound_bytes)):
+        for p in names():
+            s = plan(p, PlanContext(g, budget))
+            verify(g, s)

@@ -92,11 +92,13 @@ inputs and outputs).  The pieces that make that true:
     goes to the gradient edges of the pieces of the multi-output view it
     reads (``u, v = x.chunk(2)``: ``SplitBackward0``'s outputs), not to
     ``X_j``'s leaf, and the store keeps their gradients (a list, one per
-    piece read) under the piece's name.  The last reader (``JOIN``) passes
-    the others' piece gradients to ``torch.autograd.grad`` as gradients of
-    its own copy of the view's other outputs, so that the view's one
-    backward node joins them with its own after the layer's nodes have run,
-    as in ``loss.backward()``.
+    piece read) under the piece's name.  The last reader (``JOIN``,
+    ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
+    ``torch.autograd.grad`` as gradients of its own copy of the view's other
+    outputs, so that the view's one backward node joins them with its own
+    after the layer's nodes have run, as in ``loss.backward()``; what comes
+    out at ``X_j``'s leaf is then ``G_j``, or is added to it like any other
+    contribution (where layers reading ``X_j`` whole have made it).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
 from snsim.execute.transfer import CopyEngines
-from snsim.graph import ADD, COPY, JOIN, PIECE, SHARE, Graph, tensor_name
+from snsim.graph import (ADD, COPY, JOIN_ADD, JOIN_COPY, JOINS, PIECE, SHARE, Graph,
+                         tensor_name)
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 from snsim.torchgraph import amp
@@ -375,7 +378,7 @@ class Executor(CopyEngines):
         multi-output view, where the plan makes or joins piece gradients [11]."""
         out: dict[int, list] = {}
         for j, mode, _, _ in self.g.grad_plan.get(i, ()):
-            if mode != PIECE and mode != JOIN:
+            if mode != PIECE and mode not in JOINS:
                 continue
             got = self.p.pieces.get(i, {}).get(j)
             parts = seen.get(got[0]) if got is not None else None
@@ -419,7 +422,8 @@ class Executor(CopyEngines):
         the step and no node hands it to an input or a parameter [7]."""
         own = self.g.grad_in[i]
         if len(pairs) != 1 or own in self.host \
-                or any(old == own for _, _, _, old in self.g.grad_plan[i]):
+                or any(old == own or (mode in JOINS and own in old)
+                       for _, mode, _, old in self.g.grad_plan[i]):
             return None   # (the step also sums a gradient it holds into a new buffer)
         for op in self.schedule.ops[k_op + 1:]:
             if op.action != RELEASE:
@@ -527,14 +531,14 @@ class Executor(CopyEngines):
                                             "hands it its own gradient's storage; "
                                             "autograd did not")
                     self._bind_grad(j, where, gj)
-                elif mode == ADD:
+                elif mode == ADD or mode == JOIN_ADD:
                     self._grad(j).add_(gj)
-                elif mode == COPY:
+                elif mode == COPY or mode == JOIN_COPY:
                     total = self._grad(j) + gj
                     del gj
                     store[where] = total
                     self._bind_grad(j, where, total)
-                else:   # NEW
+                else:   # NEW, JOIN
                     if storage_ptr(gj) in taken:   # [5] one storage per gradient the trace counts
                         gj = gj.clone()
                     taken.add(storage_ptr(gj))
@@ -566,9 +570,9 @@ class Executor(CopyEngines):
         ``G_j``, with the edges of its own view's pieces they are the gradients of [11]."""
         outs, grads = [], []
         for j, (mode, _, old) in plan.items():
-            if mode != JOIN:
+            if mode not in JOINS:
                 continue
-            for c, q in zip(self.g.piece_groups[j], old):   # the readers before i
+            for c, q in zip(self.g.piece_groups[j][:-1], old):   # the readers before i
                 parts = self.store.get(q)
                 if parts is None:
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")

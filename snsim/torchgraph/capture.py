@@ -100,13 +100,14 @@ Notes the code points back to:
     node (``SplitBackward0``, ``UnbindBackward0``) for all its pieces:
     autograd keeps the gradient of the pieces one reader's backward makes in
     that node's input buffer until every reader's has run, and only then
-    joins them into the input's gradient.  Where every layer reading ``X_j``
-    reads it only through pieces of one such view, two or more layers read
-    them and no piece is read by two, each reader lists ``[j, bytes of its
-    pieces]`` in ``grad_pieces`` (DESIGN 3, "Gradient storage"); the
-    executor makes each reader's piece gradients apart and joins them with
-    the view's own backward node.  Other shapes (a reader that also reads
-    ``X_j`` whole, a piece read twice) keep the plain rule.
+    joins them into the input's gradient.  Where two or more layers read
+    ``X_j`` only through pieces of one such view, no piece is read by two
+    and every other reader reads ``X_j`` whole (a residual), each piece
+    reader lists ``[j, bytes of its pieces]`` in ``grad_pieces`` (DESIGN 3,
+    "Gradient storage"); the executor makes each reader's piece gradients
+    apart and joins them with the view's own backward node.  Other shapes (a
+    reader of both pieces and ``X_j`` whole, a piece read twice, two views
+    with pieces) keep the plain rule.
 """
 
 from __future__ import annotations
@@ -512,16 +513,17 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
                 _piece_of(n, j, producer[j], env, node_layer))
     for j, readers in reads.items():
         views = {p[0] for got in readers.values() for p in got if p is not None}
-        if len(readers) < 2 or len(views) != 1 or not layers[j].requires_grad \
+        by_piece = {i: got for i, got in readers.items() if None not in got}
+        if len(by_piece) < 2 or len(views) != 1 or not layers[j].requires_grad \
                 or not isinstance(env.get(producer[j].name), torch.Tensor) \
-                or any(None in got for got in readers.values()):
-            continue
-        picked = [k for got in readers.values() for _, k in got]
+                or any(None in got and len(got) > 1 for got in readers.values()):
+            continue   # (a reader of X_j whole and of pieces too)
+        picked = [k for got in by_piece.values() for _, k in got]
         if len(picked) != len(set(picked)) or any(
                 layers[i].inplace_of == j or j in layers[i].passes_to_view for i in readers):
             continue
         view = views.pop()
-        for i, got in readers.items():
+        for i, got in by_piece.items():
             ks = tuple(sorted(k for _, k in got))
             layer = layers[i]
             layer.grad_pieces += ((j, sum(nbytes(env[view][k]) for k in ks)),)
