@@ -49,6 +49,13 @@ def piece(c: int, j: int) -> Tensor:
     return (f"G{c}", j)
 
 
+def kind(t: Tensor) -> str:
+    """What ``t`` is, one letter: ``"X"`` a forward result (``X_i`` or another of
+    its layer's results), ``"G"`` a gradient (``G_i`` or a piece of it), ``"S"``
+    saved extras, ``"P"`` a shared parameters' gradient buffer."""
+    return t[0][0]
+
+
 def result(i: int, k: int) -> Tensor:
     """Result ``k`` of layer i's op (``output_sizes``): ``X_i`` is result 0."""
     return ("X", i) if k == 0 else (f"X{k}", i)

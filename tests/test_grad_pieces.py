@@ -193,3 +193,26 @@ def test_every_policy_with_a_whole_reader(first):
         for p in names():
             s = plan(p, PlanContext(g, budget))
             verify(g, s)
+
+
+def test_a_piece_need_is_no_reason_to_remake_its_layer():
+    """A gradient piece ``("G<c>", j)`` is a gradient, not layer j's output: a
+    plan that drops ``X_j`` recomputes it only where a step reads ``X_j``.
+    Here no backward step reads ``X1`` (norm and mul read their outputs), so
+    dropping it costs no recomputation, though the join (B2) needs mul's piece
+    of ``G1``."""
+    from snsim.graph import kind
+    from snsim.policies.sequences import recompute_sequence
+
+    t = _gated(True)
+    layers = list(t.layers)
+    for i in (2, 3):
+        layers[i] = replace(layers[i], bwd_reads=frozenset({"output"}))
+    g = Graph(replace(t, layers=tuple(layers)))
+    assert piece(3, 1) in g.needs(("B", 2)) and kind(piece(3, 1)) == "G"
+    assert not any(("X", 1) in g.needs(s) for s in g.route[g.n:])
+    keep = [True] * g.n
+    keep[1] = False
+    seq = recompute_sequence(g, keep, [True] * g.n)
+    assert ("R", 1) not in seq
+    assert seq == list(g.route)

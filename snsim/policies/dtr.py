@@ -95,7 +95,7 @@ from typing import Callable
 
 import numpy as np
 
-from snsim.graph import Graph, Step, Tensor
+from snsim.graph import Graph, Step, Tensor, kind
 from snsim.policies import register
 from snsim.policies import finishing
 from snsim.policies import replay
@@ -473,7 +473,7 @@ class Planner(Chooser):
                 self.owed_ms += self.fwd[j]
         if t in self.pool.slot:
             self.pool.drop(t)
-        if t[0] not in ("S", "G", "P"):
+        if kind(t) == "X":
             if self.views[j]:   # most layers have none: no call
                 for v in self.views_going(t):
                     self.free(v)
@@ -694,7 +694,7 @@ def _run_tail(graph: Graph, d: Planner, start: int, frees) -> None:
             return
         del res[t]
         ops.append(free_op[t])
-        if t[0] not in ("S", "G", "P") and views[t[1]]:
+        if kind(t) == "X" and views[t[1]]:
             for v in d.views_going(t):
                 free(v)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import chain, repeat
 from weakref import WeakKeyDictionary
 
-from snsim.graph import Graph, Step, Tensor
+from snsim.graph import Graph, Step, Tensor, kind
 from snsim.trace.model import make_records
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
@@ -172,11 +172,11 @@ def recompute_sequence(graph: Graph, keep: list[bool], speed: list[bool]) -> lis
     for k, step in enumerate(back):
         for t in needs_of[step]:
             j = t[1]
-            if t[0] not in ("G", "P") and not keep[j] and j not in kept and j not in avail:
+            if kind(t) not in ("G", "P") and not keep[j] and j not in kept and j not in avail:
                 ensure(j)
         seq.append(step)
         if avail:
-            nxt = {t[1] for t in needs_of[back[k + 1]] if t[0] not in ("G", "P")} \
+            nxt = {t[1] for t in needs_of[back[k + 1]] if kind(t) not in ("G", "P")} \
                 if k + 1 < len(back) else ()
             avail = {j for j in avail if j in nxt}
     return seq
