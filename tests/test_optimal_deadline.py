@@ -172,6 +172,37 @@ def test_ctrl_c_in_the_parent_kills_the_child(tmp_path):
     assert gone(int(pidfile.read_text()))
 
 
+_CTRL_C_IN_FORK: list = []   # while it holds True, the at-fork hook below sends SIGINT
+
+
+def _ctrl_c_after_fork() -> None:
+    if _CTRL_C_IN_FORK:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)   # the handler runs here, inside the at-fork hook
+
+
+@posix
+def test_ctrl_c_while_forking_is_not_lost():
+    """A Ctrl-C that lands while os.fork runs its at-fork hooks (seen once in
+    CI: inside logging's lock release, where Python prints the
+    KeyboardInterrupt and drops it) still stops the parent, and the child is
+    killed.  The hook is registered once for the process and does nothing
+    outside this test."""
+    if not getattr(test_ctrl_c_while_forking_is_not_lost, "hooked", False):
+        os.register_at_fork(after_in_parent=_ctrl_c_after_fork)
+        test_ctrl_c_while_forking_is_not_lost.hooked = True
+    before = children()
+    _CTRL_C_IN_FORK.append(True)
+    t = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            child.supervise(lambda channel: time.sleep(60), time.perf_counter() + 30)
+    finally:
+        _CTRL_C_IN_FORK.clear()
+    assert time.perf_counter() - t < 10   # not at the deadline: the Ctrl-C stopped it
+    assert children() == before           # the child killed and reaped
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_child_dies_with_its_parent(tmp_path):
     pidfile = tmp_path / "pid"

@@ -29,6 +29,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -123,23 +124,45 @@ def supervise(work, deadline: float) -> Outcome:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
+    held = hold_ctrl_c()
     try:
         pid = os.fork()
     except OSError as e:
+        held()
         os.close(read_fd)
         os.close(write_fd)
         raise ForkFailed(str(e)) from e
     if pid == 0:
         os.close(read_fd)
         child_main(work, write_fd, parent)
-    os.close(write_fd)
     out = Outcome(pid=pid)
     try:
+        os.close(write_fd)
+        held()   # a Ctrl-C during the fork is raised here, where the child is killed
         read_reports(read_fd, deadline, out)
     finally:
         os.close(read_fd)
         stop(pid)
     return out
+
+
+def hold_ctrl_c():
+    """Hold SIGINT back until the returned function is called, which puts the
+    handler back and, if SIGINT came meanwhile, calls it (the default one
+    raises ``KeyboardInterrupt``).  A Ctrl-C that lands while ``os.fork`` runs
+    its at-fork hooks (``logging``'s lock release) would otherwise be raised
+    inside them, where Python prints and drops it, and the child would live
+    on.  Only the main thread may set handlers: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    came = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+
+    def release() -> None:
+        signal.signal(signal.SIGINT, before)
+        if came and callable(before):
+            before(signal.SIGINT, came[0])
+    return release
 
 
 def read_reports(fd: int, deadline: float, out: Outcome) -> None:
