@@ -113,7 +113,7 @@ from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
 from snsim.execute.transfer import CopyEngines
-from snsim.graph import (ADD, COPY, JOIN_ADD, JOIN_COPY, JOINS, PIECE, SHARE, Graph,
+from snsim.graph import (ADD, COPY, JOIN_ADD, JOIN_COPY, JOINS, PIECE, SHARE, Graph, kind,
                          tensor_name)
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
@@ -402,7 +402,7 @@ class Executor(CopyEngines):
         elif not hands_over(g, ops, k_op, self.host):
             return False
         for t in dying_reads(g, ops, k_op, self.host):
-            if t[0][0] == "G":   # the step sums into it (out of place) [5] or joins
+            if kind(t) == "G":   # the step sums into it (out of place) [5] or joins
                 continue         # it [11]: the schedule's free releases it after the step
             if t[0] == "S":
                 for rec in self.extras.pop(t[1], []):
