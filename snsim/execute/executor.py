@@ -126,6 +126,16 @@ def _or(alias, x):
     return x if alias is None else alias
 
 
+def own_storage(g: torch.Tensor, taken: set) -> torch.Tensor:
+    """``g``, or a copy of it where its storage is one ``taken`` already holds,
+    its storage then added to ``taken``: one storage per gradient the trace
+    counts [5]."""
+    if storage_ptr(g) in taken:
+        g = g.clone()
+    taken.add(storage_ptr(g))
+    return g
+
+
 class _Handles:
     """Hook handles, a list that may grow while backward runs, removed together."""
 
@@ -513,10 +523,7 @@ class Executor(CopyEngines):
             ks = self.p.pieces[i][j][1]              # in the order of the pieces read
             parts = store.setdefault(plan[j][1], [None] * len(ks))
             if gk is not None:
-                if storage_ptr(gk) in taken:
-                    gk = gk.clone()
-                taken.add(storage_ptr(gk))
-                parts[ks.index(k)] = gk
+                parts[ks.index(k)] = own_storage(gk, taken)
         del got
         for (j, k), gj in zip(slots, grads):
             if gj is None:
@@ -539,9 +546,7 @@ class Executor(CopyEngines):
                     store[where] = total
                     self._bind_grad(j, where, total)
                 else:   # NEW, JOIN
-                    if storage_ptr(gj) in taken:   # [5] one storage per gradient the trace counts
-                        gj = gj.clone()
-                    taken.add(storage_ptr(gj))
+                    gj = own_storage(gj, taken)
                     store[where] = gj
                     self._bind_grad(j, where, gj)
             else:   # a tuple-valued layer [6]
