@@ -383,27 +383,27 @@ def refined(g: Graph, cap: int, top: list[_Plan]) -> _Plan:
     converged = False   # the best plan's probe ended on a pass that changed nothing
     work = polish.Work(REFINE_WORK // len(top[0].ops))
     for plan in top:
-        ms, ops, changed = polish.refine(g, cap, plan.ops, plan.ms, work)
-        if changed:
-            plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
+        plan = with_changes(plan, polish.refine(g, cap, plan.ops, plan.ms, work))
         # note 10: each plan's swaps probed, the best continued
         probe = polish.Work(SWAP_PROBE // len(plan.ops))
-        ms, ops, changed = polish.refine_swaps(g, cap, plan.ops, plan.ms, probe)
-        if changed:
-            plan = plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
+        plan = with_changes(plan, polish.refine_swaps(g, cap, plan.ops, plan.ms, probe))
         if best is None or plan.ms < best.ms:
             best, converged = plan, probe.left > 0
     if not converged:   # (a probe that converged: the same pass changes nothing)
-        ms, ops, changed = polish.refine_swaps(g, cap, best.ops, best.ms,
-                                               polish.Work(SWAP_WORK // len(best.ops)))
-        if changed:
-            best = best._replace(ms=ms, ops=ops, stats=refined_stats(best.stats, changed))
+        best = with_changes(best, polish.refine_swaps(
+            g, cap, best.ops, best.ms, polish.Work(SWAP_WORK // len(best.ops))))
     # note 11: what the swaps freed lets recomputations go
-    ms, ops, changed = polish.refine(g, cap, best.ops, best.ms,
-                                     polish.Work(REFINE_WORK // len(best.ops)))
-    if changed:
-        best = best._replace(ms=ms, ops=ops, stats=refined_stats(best.stats, changed))
-    return best
+    return with_changes(best, polish.refine(g, cap, best.ops, best.ms,
+                                            polish.Work(REFINE_WORK // len(best.ops))))
+
+
+def with_changes(plan: _Plan, got: tuple[float, list, int]) -> _Plan:
+    """``plan`` with a refinement's result ``(ms, ops, changed)`` where it changed
+    something (its changes counted in ``stats["refined"]``)."""
+    ms, ops, changed = got
+    if not changed:
+        return plan
+    return plan._replace(ms=ms, ops=ops, stats=refined_stats(plan.stats, changed))
 
 
 def refined_stats(stats: Callable[[], dict], changed: int) -> Callable[[], dict]:
