@@ -525,6 +525,21 @@ class Graph:
         return ws[algo].bwd_released if ws else None
 
     @cached_property
+    def written(self) -> dict[Step, tuple[Tensor, ...]]:
+        """Per backward step, the tensors it writes into in place: a gradient it
+        adds its contribution to (``ADD``, ``JOIN_ADD``) and a shared
+        parameters' buffer after its first contributor.  A host copy made
+        before such a step is stale after it."""
+        out: dict[Step, tuple[Tensor, ...]] = {}
+        for i, plan in self.grad_plan.items():
+            ts = [store for _, mode, store, _ in plan if mode == ADD or mode == JOIN_ADD]
+            ts += [P(p) for p in self.buffer_steps.get(i, ())
+                   if self.param_buffers[p][1][0] != i]
+            if ts:
+                out[("B", i)] = tuple(dict.fromkeys(ts))
+        return out
+
+    @cached_property
     def dying(self) -> dict[Step, frozenset]:
         """Per backward step, the tensors it needs for the last time on the route
         (what ``liveness`` frees right after it), less its own output gradient."""

@@ -235,6 +235,7 @@ class CachePlanner:
         window = self._windows()
         host_heap = self.host_heap
         made_at = self.made_at
+        written = self.g.written
         made: list = []      # (op index right after the step, tensor) for offload_all
         keep_made = self.offload_all
         cap = self.cap
@@ -295,6 +296,8 @@ class CachePlanner:
             for t in new:
                 state[t] = RES
                 home[t][t] = None
+                made_at[t] = k
+            for t in written.get(step, ()):   # a new instance: its old copy is stale
                 made_at[t] = k
             if keep_made:
                 made.extend(zip(repeat(k), new))

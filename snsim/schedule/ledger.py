@@ -111,6 +111,8 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
     resident: set = set()
     inbound: set = set()
     host: set = set()         # tensors with a host copy (offload issued)
+    stale: dict = {}          # tensor -> the step that wrote into it since its copy
+    written = graph.written
     steps = graph.route
     n_steps = len(steps)
     needs_map, allocs_map = graph.needs_map, graph.allocs_map
@@ -194,6 +196,10 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
                         if at is not None:
                             fail(len(out), f"uses {tensor_name(t)} after it was freed at op {at}")
                         fail(len(out), f"needs {tensor_name(t)}, which is not resident")
+            if phase == "B" and written:
+                for t in written.get((phase, i), ()):   # written into in place
+                    if t in host:
+                        stale[t] = (phase, i)
             if resident.isdisjoint(allocs) and (not inbound or inbound.isdisjoint(allocs)):
                 resident.update(allocs)
                 if new_bytes is not None and not algo:
@@ -228,11 +234,15 @@ def _walk(graph: Graph, ops: Sequence[Op], policy: str, route: bool) -> list[Eff
             if t not in resident:
                 fail(len(out), f"offloads {tensor_name(t)}, which is not resident")
             host.add(t)
+            stale.pop(t, None)
             append(_NONE)
         elif tp is Prefetch:
             t = op.tensor
             if t not in host:
                 fail(len(out), f"prefetches {tensor_name(t)}, which has no host copy")
+            if t in stale:
+                fail(len(out), f"prefetches {tensor_name(t)}, whose host copy is older than "
+                     f"{step_name(stale[t])}'s write into it (offload it again after that)")
             if t in resident or t in inbound:
                 fail(len(out), f"prefetches {tensor_name(t)}, which is already on the device")
             inbound.add(t)

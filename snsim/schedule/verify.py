@@ -8,7 +8,9 @@ A schedule is rejected (:class:`ScheduleError`, naming the op index) when it
 * uses a tensor after freeing it, or recomputes an output that is resident,
 * recomputes the data layer (the input is kept, or copied back from the host),
 * frees, offloads or waits for a tensor it does not hold,
-* prefetches a tensor that has no host copy or is already on the device,
+* prefetches a tensor that has no host copy, or whose host copy is older than
+  a backward step's write into it (a gradient added to in place), or that is
+  already on the device,
 * runs an optimizer step the trace does not have, or computes anything after
   the optimizer step (it ends the iteration; DESIGN 3a).
 """
