@@ -267,6 +267,7 @@ def test_plan_optimal_ends_at_its_limit(monkeypatch):
               progress=False)
     monkeypatch.setattr(opt, "BUILD_S_PER_COLUMN", 0.0)   # built however little time is left
     monkeypatch.setattr(opt, "MIN_SOLVE_SHARE", 0.0)
+    monkeypatch.setattr(opt, "SUFFIX_NONZEROS", math.inf)   # the whole model searched
     before = children()
     t = time.perf_counter()
     s = plan("optimal", PlanContext(g, int(1.5 * g.lower_bound_bytes), {"time_limit": 5.0}))
@@ -275,6 +276,27 @@ def test_plan_optimal_ends_at_its_limit(monkeypatch):
     assert s.stats["status"] == "time-limit" and s.stats["milp_columns"] > 100_000
     assert s.infeasible_reason is None   # the best heuristic plan, polished
     assert children() == before
+
+
+@posix
+def test_suffix_bound_ends_at_the_limit_too(monkeypatch):
+    # the same model bounded by its last stages (the default for 1M nonzeros):
+    # their LP and MILP end with the limit as well
+    import snsim.policies.optimal as opt
+    from snsim.cli import _load
+    from snsim.policies import plan
+    from snsim.policies.base import PlanContext
+
+    g = _load(str(Path(__file__).resolve().parents[1] / "traces" / "k40c_resnet50_b16.json"),
+              progress=False)
+    monkeypatch.setattr(opt, "BUILD_S_PER_COLUMN", 0.0)
+    monkeypatch.setattr(opt, "MIN_SOLVE_SHARE", 0.0)
+    t = time.perf_counter()
+    s = plan("optimal", PlanContext(g, int(1.5 * g.lower_bound_bytes), {"time_limit": 8.0}))
+    took = time.perf_counter() - t
+    assert took < 8.0 + 1.0
+    assert s.stats["status"] in ("suffix-bound", "cutoff") and s.stats["milp_columns"] > 100_000
+    assert "suffix_s" in s.stats and s.infeasible_reason is None
 
 
 @posix

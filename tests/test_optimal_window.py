@@ -134,5 +134,7 @@ def test_time_the_milp_leaves_goes_to_the_longer_window(monkeypatch):
     monkeypatch.setattr(opt, "LEFTOVER_GAP", 0.01)
     calls.clear()
     s, r = run_optimal(g, 340, seconds=8)
-    gap_left = r.iteration_ms > s.stats["bound_ms"] * 1.01
+    # the bound every schedule obeys decides, not the class's: a cutoff proves
+    # nothing about schedules outside the class
+    gap_left = r.iteration_ms > s.stats["schedule_bound_ms"] * 1.01
     assert len(calls) == (2 if gap_left else 1)

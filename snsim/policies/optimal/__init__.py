@@ -78,6 +78,7 @@ from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
+from snsim.policies.optimal.suffix import suffix_bound
 from snsim.policies.optimal.tail import best_tail
 from snsim.policies.optimal.variants import best_variant
 from snsim.schedule.ops import Schedule
@@ -106,6 +107,9 @@ BUILD_S_PER_COLUMN = 80e-6   # a high guess of the build time (ResNet-101 b16: 2
                              # Inception-v4 b16: 12 s, 170k)
 MIN_SOLVE_S = 1.0      # a model is built only with this long left for its search ...
 MIN_SOLVE_SHARE = 0.1  # ... (at most this share of the time limit)
+SUFFIX_NONZEROS = 500_000   # a capped model this large is bounded by its last stages (.suffix)
+SUFFIX_EMPTY_SHARE = 0.25   # of the time left, to ask whether the class has any plan ...
+EMPTY_TRIES = ((40, True),)   # ... from its last stages' LP relaxation
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -206,17 +210,27 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
     left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     route = cutoff - g.optimizer_ms   # the model prices the route
     form = build(g, cap, window, cutoff=route)
-    mapped = [(name, plan_start(form, s.ops)) for _, name, s in plans]
-    mapped = [(name, st) for name, st in mapped if st is not None]
-    sol = solve(form.milp, left(), starts=[st for _, st in mapped])
-    if sol.start_taken is not None and stats is not None:
-        stats["milp_start"] = mapped[sol.start_taken][0]
+    if form.milp.nonzeros >= SUFFIX_NONZEROS:
+        # too large to solve its root LP in time: its last stages bound it (.suffix)
+        bound, none = suffix_bound(form, left(), stats)
+        sol = Solution("infeasible" if none else "suffix-bound", None, math.inf,
+                       0.0 if none else bound, time.perf_counter() - t0)
+    else:
+        mapped = [(name, plan_start(form, s.ops)) for _, name, s in plans]
+        mapped = [(name, st) for name, st in mapped if st is not None]
+        sol = solve(form.milp, left(), starts=[st for _, st in mapped])
+        if sol.start_taken is not None and stats is not None:
+            stats["milp_start"] = mapped[sol.start_taken][0]
     if sol.status != "infeasible":
         return Solution(sol.status, sol.values, sol.objective, min(sol.bound, route),
                         sol.solve_s, sol.start_taken), form
     if seconds - (time.perf_counter() - t0) < need_s:
         return Solution("time-limit", None, math.inf, 0.0, sol.solve_s), form
     full = build(g, cap, window)
+    if full.milp.nonzeros >= SUFFIX_NONZEROS and suffix_bound(
+            full, SUFFIX_EMPTY_SHARE * left(), tries=EMPTY_TRIES)[1]:
+        # the class's last stages alone have no plan: the class is empty
+        return Solution("infeasible", None, math.inf, 0.0, time.perf_counter() - t0), full
     starts = [st for st in (plan_start(full, s.ops) for _, _, s in plans) if st is not None]
     probe = solve(full.milp, left(), starts=starts, first=True)
     if probe.start_taken is None and probe.values is None:
@@ -323,10 +337,11 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
         choice = (heur[0], heur[1], heur[2].ops)
     left = ends - time.perf_counter() - reserve
     if (choice is not None and "window_bound_ms" in stats and left >= LEFTOVER_MIN_S
-            and choice[0] > max(every, bound or 0.0) * (1 + LEFTOVER_GAP)):
+            and choice[0] > every * (1 + LEFTOVER_GAP)):
         # the MILP ended early or was not built (an infeasible class, a cutoff,
         # a model too large): the time left goes to the longer window, whose
-        # bound grows with its search time
+        # bound grows with its search time (a cutoff proves nothing beyond the
+        # class: the bound every schedule obeys is still worth raising)
         more: dict = {}
         wb = window_bound(g, cap, left, more, tails=(max(TAILS),))
         stats["window_s"] = round(stats["window_s"] + more["window_s"], 3)

@@ -30,6 +30,10 @@ class Milp:
         self.rows.append((idx, [terms[k] for k in idx], lo, hi))
 
     @property
+    def nonzeros(self) -> int:
+        return sum(len(r[0]) for r in self.rows)
+
+    @property
     def n_binary(self) -> int:
         return sum(self.integer)
 

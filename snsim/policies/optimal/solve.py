@@ -87,7 +87,7 @@ def solve(milp: Milp, time_limit: float, threads: int = 1, cutoff: float | None 
     tries = ([start] if start is not None else []) + list(starts)
     if isolate is None:
         isolate = (child.available()
-                   and sum(len(r[0]) for r in milp.rows) >= ISOLATE_NONZEROS)
+                   and milp.nonzeros >= ISOLATE_NONZEROS)
     if isolate:
         try:
             return isolated(lambda ends, channel: search(

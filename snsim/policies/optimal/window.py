@@ -322,7 +322,7 @@ def search(m: Milp, seconds: float, **kw) -> Solution:
     """:func:`solve` for a window model: one of ``ISOLATE_NONZEROS`` nonzeros or
     more in a child killed at the limit (HiGHS overran its own by 7-9 s on
     ResNet-50's 40 steps, the machine loaded)."""
-    big = child.available() and sum(len(r[0]) for r in m.rows) >= ISOLATE_NONZEROS
+    big = child.available() and m.nonzeros >= ISOLATE_NONZEROS
     return solve(m, seconds, isolate=big, **kw)
 
 

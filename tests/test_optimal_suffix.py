@@ -1,0 +1,130 @@
+"""The class's suffix bound (``snsim.policies.optimal.suffix``): the MILP's
+rows of its last stages alone are a relaxation of the class, so their
+optimum is never above the class optimum (tiny traces and random DAGs,
+every suffix length), equals it for the whole route, and is infeasible
+when capped below it; ``capped`` uses it for models too large to solve."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from snsim.graph import Graph
+from snsim.policies.base import PlanContext
+
+highspy = pytest.importorskip("highspy")
+
+from snsim.policies import optimal  # noqa: E402
+from snsim.policies.optimal import capped, heuristic_plans  # noqa: E402
+from snsim.policies.optimal.formulation import build  # noqa: E402
+from snsim.policies.optimal.solve import solve  # noqa: E402
+from snsim.policies.optimal.suffix import stages, suffix_bound, suffix_milp  # noqa: E402
+from test_optimal import SLOW, chain4, chain5, residual  # noqa: E402
+from test_optimal_bound import random_graphs  # noqa: E402
+
+EPS = 1e-6
+
+
+def class_optimum(g, budget, cutoff=None):
+    sol = solve(build(g, budget, cutoff=cutoff).milp, 20)
+    return sol.objective if sol.status == "optimal" else math.inf
+
+
+def check_suffixes(g, budget) -> int:
+    """Every suffix of the class model is at most its optimum, the whole route's
+    equal to it; a suffix infeasible only where the class is empty.  How many
+    suffixes were strictly below the optimum (the sweep's teeth)."""
+    opt = class_optimum(g, budget)
+    f = build(g, budget)
+    K = len(g.route)
+    of = stages(f)
+    below = 0
+    for first in range(K + 1):
+        sol = solve(suffix_milp(f, first, of), 20)
+        if sol.status == "infeasible":
+            assert math.isinf(opt), (budget, first)
+            continue
+        assert sol.status == "optimal", (budget, first, sol.status)
+        assert sol.objective <= opt + EPS, (budget, first, sol.objective, opt)
+        if first == 0:
+            assert sol.objective == pytest.approx(opt, abs=EPS)
+        below += sol.objective < opt - 1e-3
+    return below
+
+
+@pytest.mark.parametrize("trace, device", [(chain4, None), (chain5, None), (chain5, SLOW),
+                                           (residual, None)])
+def test_every_suffix_bounds_the_class_optimum(trace, device):
+    g = Graph(trace() if device is None else trace(device))
+    lb = g.lower_bound_bytes
+    for budget in (lb, int(lb * 1.1), int(lb * 1.3)):
+        check_suffixes(g, budget)
+
+
+def test_suffixes_bound_the_class_on_random_dags():
+    below = 0
+    for seed, g in random_graphs(12):
+        lb = g.lower_bound_bytes
+        for budget in (lb, int(lb * 1.2)):
+            below += check_suffixes(g, budget)
+    assert below > 20   # short suffixes do leave time out: the check has teeth
+
+
+@pytest.mark.parametrize("trace, device", [(chain5, SLOW), (residual, None)])
+def test_capped_below_the_optimum_every_full_suffix_is_infeasible(trace, device):
+    """Capped below the class optimum the whole-route suffix has no solution
+    (``suffix_bound`` says so: inf, True); capped at it, the bound is the
+    optimum and nothing is infeasible."""
+    g = Graph(trace() if device is None else trace(device))
+    budget = int(g.lower_bound_bytes * 1.1)
+    opt = class_optimum(g, budget)
+    assert suffix_bound(build(g, budget, cutoff=opt - 1e-3), 20.0) == (math.inf, True)
+    st: dict = {}
+    b, none = suffix_bound(build(g, budget, cutoff=opt + 1e-6), 20.0, st)
+    assert not none and b == pytest.approx(opt, abs=EPS)
+    assert st["suffix_steps"] == len(g.route) and st["suffix_s"] >= 0
+
+
+def test_capped_bounds_a_large_model_by_its_suffixes(monkeypatch):
+    """With every model counted large, ``capped`` answers from the suffixes:
+    chain5 on the slow link at 440 (optimum 9 ms, test_optimal): told a plan
+    runs at 8.9 ms no suffix reaches it and the class has plans (status
+    ``cutoff``, the bound the cutoff); told 9.5 ms, the bound is the class
+    optimum (status ``suffix-bound``, no plan of its own); below the lower
+    bound the class is empty (``infeasible``, bound 0)."""
+    monkeypatch.setattr(optimal, "SUFFIX_NONZEROS", 0)
+    g = Graph(chain5(SLOW))
+    plans = heuristic_plans(PlanContext(g, 440))
+    sol, _ = capped(g, 440, None, 20.0, plans, {}, 8.9)
+    assert sol.status == "cutoff" and sol.values is None
+    assert sol.bound == pytest.approx(8.9 - g.optimizer_ms, abs=1e-9)
+    st: dict = {}
+    sol, _ = capped(g, 440, None, 20.0, plans, st, 9.5)
+    assert sol.status == "suffix-bound" and sol.values is None
+    assert sol.bound + g.optimizer_ms == pytest.approx(9.0, abs=1e-6)
+    assert st["suffix_steps"] == len(g.route)
+    sol, _ = capped(g, g.lower_bound_bytes - 1, None, 20.0, [], {}, 100.0)
+    assert sol.status == "infeasible" and sol.bound == 0.0
+
+
+def test_resnet50_suffix_proves_the_cutoff_where_the_full_model_is_unsolved():
+    """K40c ResNet-50 b32 at 1.5x its lower bound: the capped model (1M
+    nonzeros) has no LP solution in minutes, its last 80 stages none at all
+    below 1.0509 x compute (superneurons' polished plan): no plan of the
+    class is that fast.  The last 40 stages alone do not prove it."""
+    from snsim.trace.io import load
+
+    g = Graph(load("traces/k40c_resnet50_b32.json"))
+    cap = int(g.lower_bound_bytes * 1.5)
+    f = build(g, cap, cutoff=1.0509 * g.compute_ms - g.optimizer_ms)
+    K = len(g.route)
+    of = stages(f)
+    relaxed = suffix_milp(f, K - 40, of)
+    relaxed.integer = [False] * len(relaxed.lb)
+    sol = solve(relaxed, 60)
+    assert sol.status == "optimal" and sol.objective < 1.0509 * g.compute_ms
+    relaxed = suffix_milp(f, K - 80, of)
+    relaxed.integer = [False] * len(relaxed.lb)
+    assert solve(relaxed, 120).status == "infeasible"
