@@ -17,7 +17,10 @@ with HiGHS, as a reference the heuristics are measured against.
 
 With a heuristic plan, the MILP is searched only for faster plans
 (:func:`capped`: its time caps the makespan; status ``cutoff`` when the
-class has none).
+class has none).  A capped model of ``SUFFIX_NONZEROS`` or more (the
+ResNets, Inception-v4: HiGHS does not solve its root LP within the limit)
+is bounded by the rows of its last stages instead (:mod:`.suffix`, status
+``suffix-bound``, or ``cutoff`` where they have no solution).
 
 The plan returned is never worse than the heuristics: the best feasible plan
 of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
