@@ -51,7 +51,11 @@ def test_resnet_doc_equals_a_fresh_profile_on_another_preset():
 
     ref = profiler.profile("resnet50", 3, device_model="v100")
     mine = resnet_doc((3, 4, 6, 3), 3, "v100", model="resnet50")
-    assert mine["layers"] == ref["layers"]
+    # released_after (capture note [14]) records the zoo code's Python variables,
+    # which only validate's plain-PyTorch comparison reads: not generated here
+    assert any("released_after" in la for la in ref["layers"])
+    assert mine["layers"] == [{k: v for k, v in la.items() if k != "released_after"}
+                              for la in ref["layers"]]
     assert mine["constant_bytes"] == ref["constant_bytes"]   # batch norm's buffers
 
 

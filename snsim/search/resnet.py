@@ -12,7 +12,10 @@ where torch is installed, and to the shipped profiled K40c traces except in
 two ``bwd_reads`` (those traces predate the capture's reading of autograd's
 saved tensors: max pooling reads its input and indices, not its output; cross
 entropy keeps its log-softmax, not its input).  Only ``source`` differs (it
-says this generator made the trace).
+says this generator made the trace), and the profile's ``released_after``
+(where the zoo's Python code lets go of a tensor, which only ``snsim
+validate``'s plain-PyTorch comparison reads; policies free at last use) is
+not generated.
 
 What each kernel moves (bytes of its tensor arguments and outputs, as the
 profiler counts them; X = the layer's output, I = its input, C = channels):

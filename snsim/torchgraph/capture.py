@@ -108,6 +108,24 @@ Notes the code points back to:
     apart and joins them with the view's own backward node.  Other shapes (a
     reader of both pieces and ``X_j`` whole, a piece read twice, two views
     with pieces) keep the plain rule.
+[14] What the model's own code holds.  In eager PyTorch a tensor lives while
+    a Python variable of the forward refers to it (or to a view of it), not
+    only until its last reader: ``o = self.side(x)`` read by ``h + o`` stays
+    until ``forward`` returns.  fx tracing runs the same Python code on
+    proxies, so a proxy is dropped where the eager tensor would be: the
+    tracer keeps a weak reference per proxy and notes on its node the node
+    made last when it went (a view's counts for its layer, an in-place
+    layer that takes over its input's storage inherits the input's).  Where
+    that is after the layer's last forward reader, the layer says
+    ``released_after`` (the last layer made by then); ``snsim validate``'s
+    plain-PyTorch comparison keeps the tensor that long, policies do not
+    (snsim's executor runs the layers itself).  Two fx habits that eager
+    code lacks are avoided: ``s = x.shape`` holds ``x``'s node, not its
+    proxy (eager keeps a ``torch.Size``), and unpacking lets go of the
+    frames it inspects (a frame kept in its own local is a reference cycle
+    that would hold the model's locals until the collector runs).  A
+    tuple-valued layer's output is one tensor here: holding one element
+    (``a, _ = attn(...)``) holds all of it.
 """
 
 from __future__ import annotations
@@ -116,6 +134,7 @@ import bisect
 import dis
 import inspect
 import operator
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -132,33 +151,108 @@ MEMO = True  # note [6]
 
 
 class Tracer(fx.Tracer):
-    """fx tracer that keeps modules marked ``snsim_leaf = True`` as single nodes
-    and marks tuple unpacking (``q, k, v = t``) for note [8]."""
+    """fx tracer that keeps modules marked ``snsim_leaf = True`` as single nodes,
+    marks tuple unpacking (``q, k, v = t``) for note [8] and notes on each node
+    the node made last when the model's code let go of its value [14]."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drops = _Drops()
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return getattr(m, "snsim_leaf", False) or super().is_leaf_module(m, qualname)
 
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        self.drops.last = node
+        return node
+
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return UnpackingProxy(node, self)
+        return self.drops.watch(UnpackingProxy(node, self), node)
+
+    def trace(self, root, concrete_args=None) -> fx.Graph:
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            self.drops.close()
+
+
+class _Drops:
+    """When the model's code drops each proxy [14]: a weak reference per proxy,
+    whose callback writes the node made last into ``meta["snsim_dropped_after"]``
+    of the proxy's node (the latest over a node's proxies)."""
+
+    def __init__(self) -> None:
+        self.last: fx.Node | None = None
+        self.refs: list[weakref.ref] = []
+
+    def watch(self, proxy: fx.Proxy, node: fx.Node) -> fx.Proxy:
+        self.refs.append(weakref.ref(proxy, lambda _, node=node: self.dropped(node)))
+        return proxy
+
+    def dropped(self, node: fx.Node) -> None:
+        node.meta["snsim_dropped_after"] = self.last
+
+    def close(self) -> None:
+        """The trace is over: proxies still alive are held to its end; no callbacks."""
+        refs, self.refs = self.refs, []
+        for ref in refs:
+            if ref() is not None:
+                self.dropped(ref().node)
+
+
+def _unpack(proxy: fx.Proxy):
+    """``a, b, c = proxy``: one ``getitem`` proxy per name, the unpacking recorded
+    on the nodes [8]; None where the caller does not unpack.  The frames are let
+    go before returning: a frame kept in a local of its own is a reference cycle
+    that would hold the model's locals until the collector runs [14]."""
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame is not None and frame.f_back else None
+    try:
+        if caller is None:
+            return None
+        insts = list(dis.get_instructions(caller.f_code))
+        k = bisect.bisect_left(insts, caller.f_lasti, key=lambda x: x.offset)
+        if k >= len(insts) or insts[k].opname != "UNPACK_SEQUENCE":
+            return None
+        n = insts[k].argval
+    finally:
+        del frame, caller
+    proxy.node.meta["snsim_unpack"] = n
+    items = [proxy[i] for i in range(n)]
+    for item in items:
+        item.node.meta["snsim_unpacked"] = True
+    return iter(items)
+
+
+class _Attribute(fx.proxy.Attribute):
+    """``x.shape`` and friends, holding ``x``'s node, not its proxy: eager
+    PyTorch's ``s = x.shape`` keeps a ``torch.Size``, not ``x`` [14].  fx's own
+    unpacking (``b, c = x.shape``) keeps its frame in a reference cycle, and
+    with it the model's locals: unpacked here instead."""
+
+    @property
+    def root(self) -> fx.Proxy:   # for the node made from it now: not a variable
+        return fx.Proxy(self.root_node, self.tracer)
+
+    @root.setter
+    def root(self, proxy: fx.Proxy) -> None:
+        self.root_node = proxy.node
+
+    def __iter__(self):
+        items = _unpack(self)
+        return self.tracer.iter(self) if items is None else items
 
 
 class UnpackingProxy(fx.Proxy):
     """A proxy whose unpacking ``a, b, c = p`` is recorded on the nodes [8]."""
 
+    def __getattr__(self, k: str) -> fx.proxy.Attribute:
+        return _Attribute(self, k)
+
     def __iter__(self):
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is not None:
-            insts = list(dis.get_instructions(caller.f_code))
-            k = bisect.bisect_left(insts, caller.f_lasti, key=lambda x: x.offset)
-            if k < len(insts) and insts[k].opname == "UNPACK_SEQUENCE":
-                n = insts[k].argval
-                self.node.meta["snsim_unpack"] = n
-                items = [self[i] for i in range(n)]
-                for item in items:
-                    item.node.meta["snsim_unpacked"] = True
-                return iter(items)
-        return self.tracer.iter(self)
+        items = _unpack(self)
+        return self.tracer.iter(self) if items is None else items
 
     # ``x += y`` runs in place in eager PyTorch (``add_``), but fx.Proxy has no
     # ``__iadd__``, so Python would record ``x = x + y``: record the in-place
@@ -219,6 +313,7 @@ class CapturedLayer:
     grad_pieces: tuple[tuple[int, int], ...] = ()   # (input layer, bytes of its pieces) [13]
     # input layer -> (the multi-output view's fx node name, the pieces read) [13]
     pieces: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    released_after: int | None = None   # the model's code holds X_i until then [14]
 
 
 @dataclass
@@ -453,6 +548,7 @@ def _capture(gm, nodes, example, progress) -> Capture:
         gm.recompile()
     _set_grad_bytes(nodes, env, node_layer, layers)
     _set_grad_pieces(list(gm.graph.nodes), env, node_layer, layers)
+    _set_released_after(nodes, node_layer, layers)
     _append_loss([env[n.name] for n in outs], ids, layers, static_ids)
     if progress is not None:
         progress(None)
@@ -528,6 +624,31 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
             layer = layers[i]
             layer.grad_pieces += ((j, sum(nbytes(env[view][k]) for k in ks)),)
             layer.pieces[j] = (view, ks)
+
+
+def _set_released_after(nodes, node_layer, layers) -> None:
+    """``released_after`` of the layers whose output the model's code still holds
+    in a variable after its last forward reader [14]."""
+    after: dict[fx.Node, int] = {}   # node -> the last layer made by then
+    latest = 0
+    for node in nodes:
+        latest = max(latest, node_layer.get(node.name) or 0)
+        after[node] = latest
+    release: dict[int, int] = {}
+    for node in nodes:   # a view holds its layer's storage, as in eager PyTorch
+        j = node_layer.get(node.name)
+        dropped = node.meta.get("snsim_dropped_after")
+        if j and dropped in after:
+            release[j] = max(release.get(j, 0), after[dropped])
+    last_read: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        for j in layer.inputs:
+            last_read[j] = i
+        if layer.inplace_alias and layer.inplace_of in release:   # its storage now [2]
+            release[i] = max(release.get(i, 0), release.pop(layer.inplace_of))
+    for j, k in release.items():
+        if k > max(j, last_read.get(j, 0)):
+            layers[j].released_after = k
 
 
 def _piece_of(n: fx.Node, j: int, producer: fx.Node, env, node_layer):

@@ -8,7 +8,7 @@ measured while executing feeds it.  Errors are signed relative errors,
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from snsim.errors import SnsimError
@@ -262,10 +262,12 @@ def validate_case(case: Case, session: Session | None = None,
 def liveness_prediction(graph):
     """What ``liveness`` predicts for a plain PyTorch step, with the whole device memory.
 
-    The one difference from policy ``liveness``: the input batch ``X_0`` is never
+    The differences from policy ``liveness``: the input batch ``X_0`` is never
     freed, since the user's training loop holds it for the whole step (or the
-    in-place layer that took its storage over)."""
-    from snsim.graph import X
+    in-place layer that took its storage over); and a tensor the model's own
+    code holds in a variable past its last reader stays until the code lets it
+    go (``released_after``, capture note [14]), as under ``free_at: release``."""
+    from snsim.graph import Graph, X
     from snsim.policies.liveness import liveness_ops
     from snsim.schedule.ops import COMPUTE, RELEASE, Compute, Schedule
     from snsim.sim import simulate
@@ -273,6 +275,10 @@ def liveness_prediction(graph):
     from snsim.schedule.ledger import in_place_bytes
 
     huge = 1 << 60
+    trace = graph.trace
+    if "free_at" not in trace.extra and any("released_after" in la.extra
+                                            for la in graph.layers):
+        graph = Graph(replace(trace, extra={**trace.extra, "free_at": "release"}))
     ops = liveness_ops(graph)
     # The batch's storage is what the loop holds: where in-place layers write into
     # it (``x.sub_(mean)``, ``relu_``), it is theirs, and the last of that chain is
