@@ -247,12 +247,12 @@ class Graph:
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
             for _, mode, store, old in grad_plan[i]:
-                if mode == NEW or mode == COPY or mode == PIECE or mode == JOIN \
-                        or mode == JOIN_COPY:
+                if mode == NEW or mode == COPY or mode == JOIN or mode == JOIN_COPY \
+                        or (mode == PIECE and store is not None):
                     allocs.append(store)
                 if mode == ADD or mode == COPY:
                     needs.append(old)
-                elif mode in JOINS:
+                elif mode in JOINS or (mode == PIECE and old):
                     needs.extend(old)
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
@@ -279,16 +279,20 @@ class Graph:
         Where two or more layers read ``X_j`` through pieces of one multi-output
         view (``grad_pieces``: ``u, v = x.chunk(2)``), each but the last of them
         makes its pieces' gradient apart (``PIECE``: a new tensor ``piece(i,
-        j)``), and the last joins them all, needing the others' pieces, as the
-        view's one backward node does once it has them all: into a new ``("G",
-        j)`` where that is the first contribution to ``G_j`` (``JOIN``), else
-        added to ``G_j`` as any contribution is (``JOIN_ADD``, ``JOIN_COPY``,
-        whose ``old`` ends with the storage added to).  Layers that read ``X_j``
-        whole contribute as they always do.
+        j)``; where a reader before made some of its pieces, it adds into
+        those, needing them: ``old`` names them, and the store is None where it
+        makes nothing new), and the last joins them all, needing the others'
+        pieces, as the view's one backward node does once it has them all: into
+        a new ``("G", j)`` where that is the first contribution to ``G_j``
+        (``JOIN``), else added to ``G_j`` as any contribution is (``JOIN_ADD``,
+        ``JOIN_COPY``, whose ``old`` ends with the storage added to).  Each
+        view of ``X_j`` with such readers joins apart.  Layers that read
+        ``X_j`` whole contribute as they always do.
         """
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
-        # layer j -> the layers whose pieces autograd joins into G_j, in backward order
-        self.piece_groups = groups = self._piece_groups()
+        # layer j -> its views' groups: the layers whose pieces autograd joins into
+        # G_j, in backward order; (layer, j) -> the group it is in
+        self.piece_groups, member, adds_to = self._piece_groups()
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run)
         live: dict[Tensor, set[int]] = {}
@@ -307,14 +311,16 @@ class Graph:
             for j in dict.fromkeys(layers[i].inputs):
                 if not rg[j]:
                     continue
-                group = groups.get(j)
+                group = member.get((i, j))
                 joined = ()
                 if group is not None:
-                    if i in group and i != group[-1]:
-                        plan.append((j, PIECE, piece(i, j), None))
+                    if i != group[-1]:
+                        made = piece(i, j) if piece(i, j) in self.sizes else None
+                        plan.append((j, PIECE, made, adds_to.get((i, j))))
                         continue
-                    if i == group[-1]:
-                        joined = tuple(piece(c, j) for c in group[:-1])
+                    joined = tuple(piece(c, j) for c in group[:-1]
+                                   if piece(c, j) in self.sizes)
+                if j in self.piece_groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
                     first = self.grad_owner[j] == i
@@ -348,30 +354,55 @@ class Graph:
                                 else (j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
-    def _piece_groups(self) -> dict[int, tuple[int, ...]]:
+    def _piece_groups(self) -> tuple[dict, dict, dict]:
         """Per layer j part of whose gradient autograd assembles from pieces
-        (``grad_pieces``, DESIGN 3, "Gradient storage"): the backward steps that
-        list ``j`` (two or more), in backward order; each but the last one's
-        ``piece(c, j)`` gets its bytes."""
-        listed: dict[int, dict[int, int]] = {}   # j -> {contributor: piece bytes}
+        (``grad_pieces``, DESIGN 3, "Gradient storage"): one group per view of
+        ``X_j`` whose pieces two or more backward steps read, those steps in
+        backward order.  Each but the last makes ``piece(c, j)`` of the pieces no
+        step before it made (none: no tensor) and adds into the tensors of those
+        it reads that one did (``adds_to[(c, j)]``); the last reads no piece a
+        step before it made (else the group keeps the plain rule)."""
+        listed: dict[tuple[int, int], dict[int, dict]] = {}   # (j, view) -> {c: pieces}
         for layer in self.layers:
             if layer.extra:
-                for j, nb in layer.extra.get("grad_pieces", ()):
-                    listed.setdefault(j, {})[layer.id] = nb
+                for entry in layer.extra.get("grad_pieces", ()):
+                    j, nb = entry[0], entry[1]
+                    view = entry[2] if len(entry) > 2 else 0
+                    # a short entry's pieces are its own: no other reader reads them
+                    got = dict(zip(entry[3::2], entry[4::2])) if len(entry) > 2 \
+                        else {("own", layer.id): nb}
+                    listed.setdefault((j, view), {})[layer.id] = got
+        groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        member: dict[tuple[int, int], tuple[int, ...]] = {}
+        adds_to: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         if not listed:
-            return {}
+            return groups, member, adds_to
         rg, one = self.requires_grad, self._same_int.setdefault
-        groups = {}
-        for j, by in listed.items():
+        for (j, _), by in listed.items():
             if not rg[j]:
                 continue
             contributors = [c for c in reversed(self.consumers[j]) if rg[c] and c in by]
             if len(contributors) < 2:
                 continue
-            groups[j] = tuple(contributors)
+            maker: dict = {}   # piece -> the step whose tensor holds it
             for c in contributors[:-1]:
-                self.sizes[piece(c, j)] = one(by[c], by[c])
-        return groups
+                for k in by[c]:
+                    maker.setdefault(k, c)
+            last = contributors[-1]
+            if any(k in maker for k in by[last]):
+                continue   # the view's node would add the last reader's piece in its buffer
+            group = tuple(contributors)
+            groups[j] = groups.get(j, ()) + (group,)
+            for c in group:
+                member[(c, j)] = group
+            for c in contributors[:-1]:
+                nb = sum(b for k, b in by[c].items() if maker[k] == c)
+                if nb:
+                    self.sizes[piece(c, j)] = one(nb, nb)
+                olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[c] if maker[k] != c))
+                if olds:
+                    adds_to[(c, j)] = olds
+        return groups, member, adds_to
 
     def _plan_param_buffers(self) -> None:
         """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).
@@ -527,12 +558,14 @@ class Graph:
     @cached_property
     def written(self) -> dict[Step, tuple[Tensor, ...]]:
         """Per backward step, the tensors it writes into in place: a gradient it
-        adds its contribution to (``ADD``, ``JOIN_ADD``) and a shared
+        adds its contribution to (``ADD``, ``JOIN_ADD``, a piece another step
+        made), and a shared
         parameters' buffer after its first contributor.  A host copy made
         before such a step is stale after it."""
         out: dict[Step, tuple[Tensor, ...]] = {}
         for i, plan in self.grad_plan.items():
             ts = [store for _, mode, store, _ in plan if mode == ADD or mode == JOIN_ADD]
+            ts += [t for _, mode, _, old in plan if mode == PIECE and old for t in old]
             ts += [P(p) for p in self.buffer_steps.get(i, ())
                    if self.param_buffers[p][1][0] != i]
             if ts:

@@ -216,3 +216,67 @@ def test_a_piece_need_is_no_reason_to_remake_its_layer():
     seq = recompute_sequence(g, keep, [True] * g.n)
     assert ("R", 1) not in seq
     assert seq == list(g.route)
+
+
+def _long(layer, j, view, *pieces):
+    """``layer`` listing ``[j, bytes, view, piece, bytes, ...]`` (capture note [13])."""
+    nb = sum(pieces[1::2])
+    return replace(layer, extra={"grad_pieces": [[j, nb, view, *pieces]]})
+
+
+def _piece_read_twice(last_reads: int = 1):
+    # data 10 -> fc 400 -> chunk: v -> norm 200; u * norm -> mul 200; tanh(u) 200;
+    # mul + tanh -> add 200 -> loss 4.  Backward: add, tanh, mul, norm.
+    # ``last_reads``: the piece norm reads (0: u, which tanh and mul read too)
+    return make([L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
+                 _long(L(2, "norm", [1], 200, reads=["inputs"]), 1, 0, last_reads, 200),
+                 _long(L(3, "other", [1, 2], 200, reads=["inputs"]), 1, 0, 0, 200),
+                 _long(L(4, "act", [1], 200, reads=["output"]), 1, 0, 0, 200),
+                 L(5, "add", [3, 4], 200), L(6, "loss", [5], 4)])
+
+
+def test_a_piece_read_twice_is_made_by_the_first_reader_and_added_to_by_the_next():
+    g = Graph(_piece_read_twice())
+    q = piece(4, 1)
+    assert g.grad_plan[4] == ((1, PIECE, q, None),)
+    # mul makes nothing new: autograd's buffer adds its u gradient into tanh's
+    assert g.grad_plan[3] == ((1, PIECE, None, (q,)), (2, NEW, ("G", 2), None))
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (q,)),)
+    assert q in g.needs(("B", 3)) and q not in g.allocs(("B", 3))
+    assert q in g.written[("B", 3)]
+    # levels: static 20 + X0 10; after F5 X1 400, X2 to X5 200 each: 1230.
+    # B5 (add): G3 and G4 200 each, G5 and X3, X5 gone: 1430 -> 1030.
+    # B4 (tanh, reads X4): + its piece of G1 (200; the whole G1, 400, under the
+    # plain rule); X4 and G4 go.  B3 (mul): + G2; it adds into the piece.  B2
+    # (norm): + G1, the piece still held (under the plain rule it was added into G1).
+    got, plain = _levels(_piece_read_twice()), _levels(_plain(_piece_read_twice()))
+    assert (got["B4"], got["B3"], got["B2"]) == (1430, 1230, 1230)
+    assert (plain["B4"], plain["B3"], plain["B2"]) == (1630, 1430, 1030)
+    assert liveness_peak(_piece_read_twice()) == 1430
+
+
+def _plain(trace):
+    return make([replace(layer, extra={}) for layer in trace.layers])
+
+
+def test_a_last_reader_of_a_piece_read_before_keeps_the_plain_rule():
+    g = Graph(_piece_read_twice(last_reads=0))
+    assert not g.piece_groups
+    assert [m for _, m, _, _ in g.grad_plan[4]] == [NEW]
+
+
+def test_two_views_of_one_input_join_apart():
+    # fc 400 -> chunk by features: v -> norm, u * norm -> mul; chunk by tokens:
+    # q -> tanh, p * tanh -> mul2; mul + mul2 -> add -> loss.
+    ls = [L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
+          _long(L(2, "norm", [1], 200, reads=["inputs"]), 1, 0, 1, 200),
+          _long(L(3, "other", [1, 2], 200, reads=["inputs"]), 1, 0, 0, 200),
+          _long(L(4, "act", [1], 200, reads=["output"]), 1, 1, 1, 200),
+          _long(L(5, "other", [1, 4], 200, reads=["inputs"]), 1, 1, 0, 200),
+          L(6, "add", [3, 5], 200), L(7, "loss", [6], 4)]
+    g = Graph(make(ls))
+    assert g.piece_groups == {1: ((3, 2), (5, 4))}   # a group per view
+    assert g.grad_plan[5][0] == (1, PIECE, piece(5, 1), None)
+    assert g.grad_plan[4] == ((1, JOIN, ("G", 1), (piece(5, 1),)),)
+    assert g.grad_plan[3][0] == (1, PIECE, piece(3, 1), None)
+    assert g.grad_plan[2] == ((1, JOIN_ADD, ("G", 1), (piece(3, 1), ("G", 1))),)

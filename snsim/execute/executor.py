@@ -91,8 +91,10 @@ inputs and outputs).  The pieces that make that true:
     makes a layer's contribution to ``G_j`` a piece (``PIECE``), its backward
     goes to the gradient edges of the pieces of the multi-output view it
     reads (``u, v = x.chunk(2)``: ``SplitBackward0``'s outputs), not to
-    ``X_j``'s leaf, and the store keeps their gradients (a list, one per
-    piece read) under the piece's name.  The last reader (``JOIN``,
+    ``X_j``'s leaf, and the store keeps their gradients (a list indexed by
+    the view's outputs, None for those it did not make) under the piece's
+    name; a piece a reader before made is added into in place, as
+    autograd's input buffer does.  The last reader (``JOIN``,
     ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
     ``torch.autograd.grad`` as gradients of its own copy of the view's other
     outputs, so that the view's one backward node joins them with its own
@@ -494,7 +496,8 @@ class Executor(CopyEngines):
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        joined, joined_g = self._joined(i, edge, plan)
+        joined, joined_g = self._joined(edge, plan)
+        n_view = {j: len(ks) for j, ks in edge.pieces.items()}   # [11] each view's outputs
         hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
                                  else self._accumulate(p)) for p in params]   # [8], [10]
         if handed and i != self.g.n - 1:
@@ -520,10 +523,15 @@ class Executor(CopyEngines):
         taken = set(own)
         got = grads[len(slots):len(slots) + len(own_pieces)]
         for (j, k), gk in zip(own_pieces, got):   # [11] one list per piece tensor,
-            ks = self.p.pieces[i][j][1]              # in the order of the pieces read
-            parts = store.setdefault(plan[j][1], [None] * len(ks))
-            if gk is not None:
-                parts[ks.index(k)] = own_storage(gk, taken)
+            if gk is None:                           # indexed by the view's outputs
+                continue
+            _, made, olds = plan[j]
+            into = [parts for parts in map(store.get, olds or ()) if parts[k] is not None]
+            if into:   # a piece a reader before made: autograd's buffer adds in place
+                into[0][k].add_(gk)
+            else:
+                parts = store.setdefault(made, [None] * n_view[j])
+                parts[k] = own_storage(gk, taken)
         del got
         for (j, k), gj in zip(slots, grads):
             if gj is None:
@@ -570,18 +578,20 @@ class Executor(CopyEngines):
                 else:
                     parts[k].add_(gj)
 
-    def _joined(self, i: int, edge, plan) -> tuple[list, list]:
-        """The other readers' piece gradients that layer ``i``'s backward joins into
+    def _joined(self, edge, plan) -> tuple[list, list]:
+        """The other readers' piece gradients that a layer's backward joins into
         ``G_j``, with the edges of its own view's pieces they are the gradients of [11]."""
         outs, grads = [], []
         for j, (mode, _, old) in plan.items():
             if mode not in JOINS:
                 continue
-            for c, q in zip(self.g.piece_groups[j][:-1], old):   # the readers before i
+            for q in old:
+                if q[0] == "G":
+                    continue   # the storage the joined gradient is added to
                 parts = self.store.get(q)
                 if parts is None:
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")
-                for k, gk in zip(self.p.pieces[c][j][1], parts):
+                for k, gk in enumerate(parts):
                     if gk is not None:
                         outs.append(edge.pieces[j][k])
                         grads.append(gk)

@@ -101,13 +101,19 @@ Notes the code points back to:
     autograd keeps the gradient of the pieces one reader's backward makes in
     that node's input buffer until every reader's has run, and only then
     joins them into the input's gradient.  Where two or more layers read
-    ``X_j`` only through pieces of one such view, no piece is read by two
-    and every other reader reads ``X_j`` whole (a residual), each piece
-    reader lists ``[j, bytes of its pieces]`` in ``grad_pieces`` (DESIGN 3,
-    "Gradient storage"); the executor makes each reader's piece gradients
-    apart and joins them with the view's own backward node.  Other shapes (a
-    reader of both pieces and ``X_j`` whole, a piece read twice, two views
-    with pieces) keep the plain rule.
+    ``X_j`` only through pieces of one such view, and every other reader
+    reads ``X_j`` whole (a residual) or through pieces of one other view,
+    each piece reader lists ``[j, bytes of its pieces]`` in ``grad_pieces``
+    (DESIGN 3, "Gradient storage"); where a piece is read by two layers
+    (``u * norm(v) + tanh(u)``: autograd adds their gradients in the node's
+    buffer) or two views of ``X_j`` have such readers (each view's node
+    joins its own), the entry is ``[j, bytes, view, piece, bytes, ...]``:
+    the view's number among ``X_j``'s listed views and each piece's index
+    in it.  The executor makes each reader's piece gradients apart and
+    joins them with the view's own backward node.  Other shapes (a reader
+    of both pieces and ``X_j`` whole, a reader of two views' pieces, a
+    reader whose backward hands a piece its own gradient's storage) keep
+    the plain rule.
 """
 
 from __future__ import annotations
@@ -492,7 +498,7 @@ def _set_grad_bytes(nodes, env, node_layer, layers) -> None:
 
 
 def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
-    """``grad_pieces`` of the layers that read an input through pieces of one
+    """``grad_pieces`` of the layers that read an input through pieces of a
     multi-output view that other layers read too [13]."""
     producer: dict[int, fx.Node] = {}
     for node in nodes:
@@ -512,22 +518,28 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
             reads.setdefault(j, {}).setdefault(i, set()).add(
                 _piece_of(n, j, producer[j], env, node_layer))
     for j, readers in reads.items():
-        views = {p[0] for got in readers.values() for p in got if p is not None}
-        by_piece = {i: got for i, got in readers.items() if None not in got}
-        if len(by_piece) < 2 or len(views) != 1 or not layers[j].requires_grad \
-                or not isinstance(env.get(producer[j].name), torch.Tensor) \
-                or any(None in got and len(got) > 1 for got in readers.values()):
-            continue   # (a reader of X_j whole and of pieces too)
-        picked = [k for got in by_piece.values() for _, k in got]
-        if len(picked) != len(set(picked)) or any(
-                layers[i].inplace_of == j or j in layers[i].passes_to_view for i in readers):
-            continue
-        view = views.pop()
-        for i, got in by_piece.items():
-            ks = tuple(sorted(k for _, k in got))
-            layer = layers[i]
-            layer.grad_pieces += ((j, sum(nbytes(env[view][k]) for k in ks)),)
-            layer.pieces[j] = (view, ks)
+        if not layers[j].requires_grad or not isinstance(env.get(producer[j].name), torch.Tensor) \
+                or any(None in got and len(got) > 1 for got in readers.values()) \
+                or any(layers[i].inplace_of == j or j in layers[i].passes_to_view
+                       for i in readers) \
+                or any(None not in got and len({v for v, _ in got}) > 1
+                       for got in readers.values()):
+            continue   # (a reader of X_j whole and of pieces too, or of two views)
+        by_view: dict[str, dict[int, tuple[int, ...]]] = {}   # in the readers' order
+        for i, got in sorted(readers.items()):
+            if None not in got:
+                by_view.setdefault(next(iter(got))[0], {})[i] = tuple(sorted(k for _, k in got))
+        by_view = {view: by for view, by in by_view.items() if len(by) > 1}
+        picked = [k for by in by_view.values() for ks in by.values() for k in ks]
+        # the short form [j, bytes] where one view's pieces are each read once
+        short = len(by_view) == 1 and len(picked) == len(set(picked))
+        for n_view, (view, by) in enumerate(by_view.items()):
+            for i, ks in by.items():
+                sizes = [nbytes(env[view][k]) for k in ks]
+                entry = (j, sum(sizes)) if short else \
+                    (j, sum(sizes), n_view) + tuple(x for kb in zip(ks, sizes) for x in kb)
+                layers[i].grad_pieces += (entry,)
+                layers[i].pieces[j] = (view, ks)
 
 
 def _piece_of(n: fx.Node, j: int, producer: fx.Node, env, node_layer):

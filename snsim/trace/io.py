@@ -191,9 +191,14 @@ def _semantic_loop(layers: list, label: str) -> None:
                 raise TraceError(f"{where}, field grad_shares: layer {j} is not one of its "
                                  "inputs")
         for pair in raw.get("grad_pieces", ()):
-            if len(pair) != 2 or pair[0] not in raw["inputs"]:
-                raise TraceError(f"{where}, field grad_pieces: {pair} is not a pair "
-                                 "[input layer, bytes] naming one of its inputs")
+            if (len(pair) != 2 and (len(pair) < 5 or len(pair) % 2 == 0)) \
+                    or pair[0] not in raw["inputs"]:
+                raise TraceError(f"{where}, field grad_pieces: {pair} is neither "
+                                 "[input layer, bytes] nor [input layer, bytes, view, "
+                                 "piece, bytes, ...] naming one of its inputs")
+            if len(pair) > 2 and sum(pair[4::2]) != pair[1]:
+                raise TraceError(f"{where}, field grad_pieces: {pair} says {pair[1]} "
+                                 f"bytes, its pieces' add up to {sum(pair[4::2])}")
             if pair[1] > layers[pair[0]]["output_bytes"]:
                 raise TraceError(f"{where}, field grad_pieces: {pair[1]} bytes of pieces "
                                  f"of layer {pair[0]}, whose output has "
