@@ -67,6 +67,8 @@ NEW, SHARE, ADD, COPY = "new", "share", "add", "copy"
 # first contribution (JOIN) or added to it in place (JOIN_ADD) or out of place (JOIN_COPY)
 PIECE, JOIN, JOIN_ADD, JOIN_COPY = "piece", "join", "join-add", "join-copy"
 JOINS = (JOIN, JOIN_ADD, JOIN_COPY)
+# a piece whose gradient the step hands on in its own gradient's storage (u + f(v))
+PIECE_SHARE = "piece-share"
 
 
 def tensor_name(t: Tensor) -> str:
@@ -292,10 +294,12 @@ class Graph:
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
         # layer j -> its views' groups: the layers whose pieces autograd joins into
         # G_j, in backward order; (layer, j) -> the group it is in
-        self.piece_groups, member, adds_to = self._piece_groups()
+        self.piece_groups, member, adds_to, passed = self._piece_groups()
+        pieces_in: dict[tuple[int, int], Tensor] = {}   # (c, j) -> storage of c's piece
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
-        # storage -> the gradients in it still to be read (whose backward has not run)
-        live: dict[Tensor, set[int]] = {}
+        # storage -> the gradients in it still to be read (whose backward has not run),
+        # and the pieces in it still to be joined
+        live: dict[Tensor, set] = {}
         self.grad_in: list[Tensor | None] = [None] * n
         self.grad_plan: dict[int, tuple] = {}
         for i in range(n - 1, -1, -1):
@@ -314,12 +318,21 @@ class Graph:
                 group = member.get((i, j))
                 joined = ()
                 if group is not None:
+                    if i != group[-1] and (i, j) in passed:
+                        pieces_in[(i, j)] = own   # it lives while the piece waits
+                        live.setdefault(own, set()).add(piece(i, j))
+                        plan.append((j, PIECE_SHARE, own, None))
+                        continue
                     if i != group[-1]:
                         made = piece(i, j) if piece(i, j) in self.sizes else None
                         plan.append((j, PIECE, made, adds_to.get((i, j))))
                         continue
-                    joined = tuple(piece(c, j) for c in group[:-1]
-                                   if piece(c, j) in self.sizes)
+                    joined = tuple(dict.fromkeys(
+                        pieces_in.get((c, j), piece(c, j)) for c in group[:-1]
+                        if (c, j) in pieces_in or piece(c, j) in self.sizes))
+                    for c in group[:-1]:
+                        if (c, j) in pieces_in:
+                            live[pieces_in[(c, j)]].discard(piece(c, j))
                 if j in self.piece_groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
@@ -330,7 +343,7 @@ class Graph:
                     plan.append((j, JOIN, gs[j], joined))
                     continue
                 if first:
-                    if j in shares and i != n - 1:
+                    if j in shares and i != n - 1 and (i, j) not in passed:
                         cur[j] = own
                         plan.append((j, SHARE, own, None))
                     else:
@@ -354,15 +367,22 @@ class Graph:
                                 else (j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
-    def _piece_groups(self) -> tuple[dict, dict, dict]:
+    def _piece_groups(self) -> tuple[dict, dict, dict, set]:
         """Per layer j part of whose gradient autograd assembles from pieces
         (``grad_pieces``, DESIGN 3, "Gradient storage"): one group per view of
         ``X_j`` whose pieces two or more backward steps read, those steps in
         backward order.  Each but the last makes ``piece(c, j)`` of the pieces no
         step before it made (none: no tensor) and adds into the tensors of those
         it reads that one did (``adds_to[(c, j)]``); the last reads no piece a
-        step before it made (else the group keeps the plain rule)."""
+        step before it made (else the group keeps the plain rule).  A step
+        that also lists ``j`` in ``grad_shares`` hands its one piece its own
+        gradient's storage (``passed``: ``u + relu(v)``'s add), where that
+        piece is read by no other step."""
         listed: dict[tuple[int, int], dict[int, dict]] = {}   # (j, view) -> {c: pieces}
+        groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        member: dict[tuple[int, int], tuple[int, ...]] = {}
+        adds_to: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        passed: set[tuple[int, int]] = set()
         for layer in self.layers:
             if layer.extra:
                 for entry in layer.extra.get("grad_pieces", ()):
@@ -372,11 +392,10 @@ class Graph:
                     got = dict(zip(entry[3::2], entry[4::2])) if len(entry) > 2 \
                         else {("own", layer.id): nb}
                     listed.setdefault((j, view), {})[layer.id] = got
-        groups: dict[int, tuple[tuple[int, ...], ...]] = {}
-        member: dict[tuple[int, int], tuple[int, ...]] = {}
-        adds_to: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+                    if j in layer.extra.get("grad_shares", ()):
+                        passed.add((layer.id, j))
         if not listed:
-            return groups, member, adds_to
+            return groups, member, adds_to, passed
         rg, one = self.requires_grad, self._same_int.setdefault
         for (j, _), by in listed.items():
             if not rg[j]:
@@ -391,18 +410,23 @@ class Graph:
             last = contributors[-1]
             if any(k in maker for k in by[last]):
                 continue   # the view's node would add the last reader's piece in its buffer
+            shared = {c for c in contributors[:-1] if (c, j) in passed}
+            if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) for c in shared) \
+                    or any(maker[k] in shared for c in contributors[:-1] for k in by[c]
+                           if maker[k] != c):
+                continue   # a shared piece that is not one reader's one piece
             group = tuple(contributors)
             groups[j] = groups.get(j, ()) + (group,)
             for c in group:
                 member[(c, j)] = group
             for c in contributors[:-1]:
                 nb = sum(b for k, b in by[c].items() if maker[k] == c)
-                if nb:
+                if nb and c not in shared:
                     self.sizes[piece(c, j)] = one(nb, nb)
                 olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[c] if maker[k] != c))
                 if olds:
                     adds_to[(c, j)] = olds
-        return groups, member, adds_to
+        return groups, member, adds_to, passed
 
     def _plan_param_buffers(self) -> None:
         """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from snsim.graph import (ADD, JOIN, JOIN_ADD, JOIN_COPY, NEW, PIECE, SHARE, Graph, piece,
-                         tensor_name)
+from snsim.graph import (ADD, JOIN, JOIN_ADD, JOIN_COPY, NEW, PIECE, PIECE_SHARE, SHARE, Graph,
+                         piece, tensor_name)
 from snsim.policies import names, plan
 from snsim.policies.base import PlanContext
 from snsim.policies.liveness import liveness_ops
@@ -280,3 +280,40 @@ def test_two_views_of_one_input_join_apart():
     assert g.grad_plan[4] == ((1, JOIN, ("G", 1), (piece(5, 1),)),)
     assert g.grad_plan[3][0] == (1, PIECE, piece(3, 1), None)
     assert g.grad_plan[2] == ((1, JOIN_ADD, ("G", 1), (piece(3, 1), ("G", 1))),)
+
+
+def test_a_piece_in_the_reader_s_own_gradient_storage_waits_there():
+    # fc 400 -> chunk: v -> relu 200; u + relu -> add 200 (grad_shares: both) -> loss.
+    # The add hands u's piece G5's storage... its own, which relu shares too: no
+    # piece tensor; relu's join needs that storage, which lives until then.
+    ls = [L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
+          replace(L(2, "act", [1], 200, reads=["output"]), extra={"grad_pieces": [[1, 200]]}),
+          replace(L(3, "add", [1, 2], 200),
+                  extra={"grad_pieces": [[1, 200]], "grad_shares": [1, 2]}),
+          L(4, "loss", [3], 4)]
+    g = Graph(make(ls))
+    assert g.grad_plan[3] == ((1, PIECE_SHARE, ("G", 3), None), (2, SHARE, ("G", 3), None))
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (("G", 3),)),)
+    assert g.allocs(("B", 3)) == () and ("G", 3) in g.needs(("B", 2))
+    # static 20 + X0 10; B4: G4 4 + X1 400 = 434, G4 goes.  B3 allocates nothing:
+    # 430 (the plain rule made the whole G1 there: 830).  B2 reads X2 200 and G3
+    # 200 and makes G1 400: 830 under both.
+    plain = [replace(la, extra={k: v for k, v in la.extra.items() if k != "grad_pieces"})
+             for la in ls]
+    plain[3] = replace(plain[3], extra={"grad_shares": [2]})
+    got, was = _levels(make(ls)), _levels(make(plain))
+    assert (got["B3"], got["B2"]) == (430, 830) and (was["B3"], was["B2"]) == (830, 830)
+
+
+def test_a_shared_piece_that_is_not_alone_keeps_the_plain_rule():
+    # as above, but the add reads both halves of a three-way chunk (400 of 600 B)
+    ls = [L(0, "data", [], 10), L(1, "fc", [0], 600, params=10, reads=["inputs"]),
+          replace(L(2, "act", [1], 200, reads=["output"]),
+                  extra={"grad_pieces": [[1, 200, 0, 2, 200]]}),
+          replace(L(3, "add", [1, 2], 200),
+                  extra={"grad_pieces": [[1, 400, 0, 0, 200, 1, 200]], "grad_shares": [1, 2]}),
+          L(4, "loss", [3], 4)]
+    g = Graph(make(ls))
+    assert not g.piece_groups
+    # and grad_shares does not make G1 the add's storage: its pieces are not G1
+    assert g.grad_plan[3][0] == (1, NEW, ("G", 1), None)

@@ -138,3 +138,17 @@ def test_capture_numbers_the_views_of_one_input():
     half = 8 * 64 * 64 * 4
     assert got["blocks.0.norm"] == [[1, half, 0, 1, half]] and got["mul"] == [[1, half, 0, 0, half]]
     assert got["tanh"] == [[1, half, 1, 1, half]] and got["mul_1"] == [[1, half, 1, 0, half]]
+
+
+def test_a_piece_passed_through_matches_plain_pytorch():
+    # -17.9% under the old rule (the add's backward made the whole G_h), and
+    # superneurons and utp found no schedule at 1.2x the lower bound
+    out = _exact("pass_through_piece")
+    assert abs(out.plain_peak_error) < 0.001, out.plain_peak_error
+
+
+@pytest.mark.parametrize("policy", ["superneurons", "utp"])
+def test_a_piece_passed_through_runs_as_predicted_under_a_budget(policy):
+    out = _exact("pass_through_piece", policy, "1.2xlb")
+    assert out.feasible
+    assert out.measured_peak_bytes < out.liveness_predicted_peak_bytes

@@ -115,8 +115,8 @@ from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
 from snsim.execute.transfer import CopyEngines
-from snsim.graph import (ADD, COPY, JOIN_ADD, JOIN_COPY, JOINS, PIECE, SHARE, Graph, kind,
-                         tensor_name)
+from snsim.graph import (ADD, COPY, JOIN, JOIN_ADD, JOIN_COPY, JOINS, PIECE, PIECE_SHARE,
+                         SHARE, Graph, kind, tensor_name)
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 from snsim.torchgraph import amp
@@ -250,6 +250,9 @@ class Executor(CopyEngines):
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
         self.gview: dict[int, tuple] = {}  # logical G_j -> (storage, size, stride, offset) [5]
+        # (storage, j) -> the pieces of X_j whose gradients lie in it [11]:
+        # (view output, size, stride, offset)
+        self.piece_views: dict[tuple, list] = {}
         self.skeletons: dict = {}         # tuple-valued key -> its structure, for prefetch
         for k, op in enumerate(self.schedule.ops):
             if hook is not None:
@@ -390,7 +393,7 @@ class Executor(CopyEngines):
         multi-output view, where the plan makes or joins piece gradients [11]."""
         out: dict[int, list] = {}
         for j, mode, _, _ in self.g.grad_plan.get(i, ()):
-            if mode != PIECE and mode not in JOINS:
+            if mode != PIECE and mode != PIECE_SHARE and mode not in JOINS:
                 continue
             got = self.p.pieces.get(i, {}).get(j)
             parts = seen.get(got[0]) if got is not None else None
@@ -434,7 +437,7 @@ class Executor(CopyEngines):
         the step and no node hands it to an input or a parameter [7]."""
         own = self.g.grad_in[i]
         if len(pairs) != 1 or own in self.host \
-                or any(old == own or (mode in JOINS and own in old)
+                or any(old == own or (mode in JOINS and own in old) or mode == PIECE_SHARE
                        for _, mode, _, old in self.g.grad_plan[i]):
             return None   # (the step also sums a gradient it holds into a new buffer)
         for op in self.schedule.ops[k_op + 1:]:
@@ -487,9 +490,9 @@ class Executor(CopyEngines):
         params = self.p.layers[i].params
         plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
         # [11] a piece's contribution goes to the view's edges, not to X_j's leaf
-        own_pieces = [(j, k) for j in ins if plan[j][0] == PIECE
+        own_pieces = [(j, k) for j in ins if plan[j][0] == PIECE or plan[j][0] == PIECE_SHARE
                       for k in self.p.pieces[i][j][1] if edge.pieces[j][k] is not None]
-        slots = [(j, k) for j in ins if plan[j][0] != PIECE
+        slots = [(j, k) for j in ins if plan[j][0] != PIECE and plan[j][0] != PIECE_SHARE
                  for k, e in enumerate(edge.inputs[j]) if e is not None]
         targets = [edge.inputs[j][k] for j, k in slots] \
             + [edge.pieces[j][k] for j, k in own_pieces] + params
@@ -525,7 +528,15 @@ class Executor(CopyEngines):
         for (j, k), gk in zip(own_pieces, got):   # [11] one list per piece tensor,
             if gk is None:                           # indexed by the view's outputs
                 continue
-            _, made, olds = plan[j]
+            mode, made, olds = plan[j]
+            if mode == PIECE_SHARE:   # a view of the step's own gradient's storage
+                if storage_ptr(gk) not in own:
+                    raise ScheduleError(f"the trace says layer {i}'s backward hands a piece "
+                                        f"of G{j} its own gradient's storage; autograd did not")
+                base = store[made]
+                self.piece_views.setdefault((made, j), []).append(
+                    (k, gk.size(), gk.stride(), gk.storage_offset() - base.storage_offset()))
+                continue
             into = [parts for parts in map(store.get, olds or ()) if parts[k] is not None]
             if into:   # a piece a reader before made: autograd's buffer adds in place
                 into[0][k].add_(gk)
@@ -585,12 +596,18 @@ class Executor(CopyEngines):
         for j, (mode, _, old) in plan.items():
             if mode not in JOINS:
                 continue
-            for q in old:
-                if q[0] == "G":
-                    continue   # the storage the joined gradient is added to
+            # (JOIN_ADD's and JOIN_COPY's last is the storage the join is added to)
+            for q in old if mode == JOIN else old[:-1]:
                 parts = self.store.get(q)
                 if parts is None:
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")
+                views = self.piece_views.pop((q, j), None)
+                if views is not None:   # pieces in a reader's own gradient storage
+                    for k, size, stride, rel in views:
+                        outs.append(edge.pieces[j][k])
+                        grads.append(parts.as_strided(size, stride,
+                                                      parts.storage_offset() + rel))
+                    continue
                 for k, gk in enumerate(parts):
                     if gk is not None:
                         outs.append(edge.pieces[j][k])

@@ -520,8 +520,7 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
     for j, readers in reads.items():
         if not layers[j].requires_grad or not isinstance(env.get(producer[j].name), torch.Tensor) \
                 or any(None in got and len(got) > 1 for got in readers.values()) \
-                or any(layers[i].inplace_of == j or j in layers[i].passes_to_view
-                       for i in readers) \
+                or any(layers[i].inplace_of == j for i in readers) \
                 or any(None not in got and len({v for v, _ in got}) > 1
                        for got in readers.values()):
             continue   # (a reader of X_j whole and of pieces too, or of two views)
@@ -530,6 +529,9 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
             if None not in got:
                 by_view.setdefault(next(iter(got))[0], {})[i] = tuple(sorted(k for _, k in got))
         by_view = {view: by for view, by in by_view.items() if len(by) > 1}
+        if any(j in layers[i].passes_to_view and len(ks) > 1
+               for by in by_view.values() for i, ks in by.items()):
+            continue   # (which piece it hands its own gradient's storage is not known)
         picked = [k for by in by_view.values() for ks in by.values() for k in ks]
         # the short form [j, bytes] where one view's pieces are each read once
         short = len(by_view) == 1 and len(picked) == len(set(picked))
@@ -540,6 +542,8 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
                     (j, sum(sizes), n_view) + tuple(x for kb in zip(ks, sizes) for x in kb)
                 layers[i].grad_pieces += (entry,)
                 layers[i].pieces[j] = (view, ks)
+                if j in layers[i].passes_to_view:   # its piece is its own gradient's storage
+                    layers[i].grad_shares += (j,)
 
 
 def _piece_of(n: fx.Node, j: int, producer: fx.Node, env, node_layer):
