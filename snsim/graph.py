@@ -294,7 +294,7 @@ class Graph:
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
         # layer j -> its views' groups: the layers whose pieces autograd joins into
         # G_j, in backward order; (layer, j) -> the group it is in
-        self.piece_groups, member, adds_to, passed = self._piece_groups()
+        self.piece_groups, member, adds_to, passed, whole = self._piece_groups()
         pieces_in: dict[tuple[int, int], Tensor] = {}   # (c, j) -> storage of c's piece
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run),
@@ -326,13 +326,16 @@ class Graph:
                     if i != group[-1]:
                         made = piece(i, j) if piece(i, j) in self.sizes else None
                         plan.append((j, PIECE, made, adds_to.get((i, j))))
-                        continue
-                    joined = tuple(dict.fromkeys(
-                        pieces_in.get((c, j), piece(c, j)) for c in group[:-1]
-                        if (c, j) in pieces_in or piece(c, j) in self.sizes))
-                    for c in group[:-1]:
-                        if (c, j) in pieces_in:
-                            live[pieces_in[(c, j)]].discard(piece(c, j))
+                        if (i, j) not in whole:
+                            continue
+                        # and X_j whole: a contribution to G_j as well, below
+                    else:
+                        joined = tuple(dict.fromkeys(
+                            pieces_in.get((c, j), piece(c, j)) for c in group[:-1]
+                            if (c, j) in pieces_in or piece(c, j) in self.sizes))
+                        for c in group[:-1]:
+                            if (c, j) in pieces_in:
+                                live[pieces_in[(c, j)]].discard(piece(c, j))
                 if j in self.piece_groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
@@ -367,7 +370,7 @@ class Graph:
                                 else (j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
-    def _piece_groups(self) -> tuple[dict, dict, dict, set]:
+    def _piece_groups(self) -> tuple[dict, dict, dict, set, set]:
         """Per layer j part of whose gradient autograd assembles from pieces
         (``grad_pieces``, DESIGN 3, "Gradient storage"): one group per view of
         ``X_j`` whose pieces two or more backward steps read, those steps in
@@ -377,14 +380,18 @@ class Graph:
         step before it made (else the group keeps the plain rule).  A step
         that also lists ``j`` in ``grad_shares`` hands its one piece its own
         gradient's storage (``passed``: ``u + relu(v)``'s add), where that
-        piece is read by no other step."""
+        piece is read by no other step.  A step that lists ``j`` in
+        ``grad_whole`` reads ``X_j`` whole too (``whole``): that contribution
+        goes to ``G_j`` (the last's is joined with the pieces)."""
         listed: dict[tuple[int, int], dict[int, dict]] = {}   # (j, view) -> {c: pieces}
         groups: dict[int, tuple[tuple[int, ...], ...]] = {}
         member: dict[tuple[int, int], tuple[int, ...]] = {}
         adds_to: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         passed: set[tuple[int, int]] = set()
+        whole: set[tuple[int, int]] = set()
         for layer in self.layers:
             if layer.extra:
+                whole.update((layer.id, j) for j in layer.extra.get("grad_whole", ()))
                 for entry in layer.extra.get("grad_pieces", ()):
                     j, nb = entry[0], entry[1]
                     view = entry[2] if len(entry) > 2 else 0
@@ -395,7 +402,7 @@ class Graph:
                     if j in layer.extra.get("grad_shares", ()):
                         passed.add((layer.id, j))
         if not listed:
-            return groups, member, adds_to, passed
+            return groups, member, adds_to, passed, whole
         rg, one = self.requires_grad, self._same_int.setdefault
         for (j, _), by in listed.items():
             if not rg[j]:
@@ -411,7 +418,8 @@ class Graph:
             if any(k in maker for k in by[last]):
                 continue   # the view's node would add the last reader's piece in its buffer
             shared = {c for c in contributors[:-1] if (c, j) in passed}
-            if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) for c in shared) \
+            if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) or (c, j) in whole
+                   for c in shared) \
                     or any(maker[k] in shared for c in contributors[:-1] for k in by[c]
                            if maker[k] != c):
                 continue   # a shared piece that is not one reader's one piece
@@ -426,7 +434,7 @@ class Graph:
                 olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[c] if maker[k] != c))
                 if olds:
                     adds_to[(c, j)] = olds
-        return groups, member, adds_to, passed
+        return groups, member, adds_to, passed, whole
 
     def _plan_param_buffers(self) -> None:
         """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).

@@ -317,3 +317,18 @@ def test_a_shared_piece_that_is_not_alone_keeps_the_plain_rule():
     assert not g.piece_groups
     # and grad_shares does not make G1 the add's storage: its pieces are not G1
     assert g.grad_plan[3][0] == (1, NEW, ("G", 1), None)
+
+
+def test_a_reader_of_pieces_and_the_whole_input_contributes_to_both():
+    # _gated, but the mul (u * norm(v), first in backward) reads x whole too
+    # (grad_whole): its piece waits apart, and its whole contribution makes G1;
+    # norm's join adds the pieces into it
+    t = _gated(True)
+    layers = list(t.layers)
+    layers[3] = replace(layers[3], extra={"grad_pieces": [[1, 200]], "grad_whole": [1]})
+    g = Graph(make(layers))
+    q = piece(3, 1)
+    assert g.grad_plan[3] == ((1, PIECE, q, None), (1, NEW, ("G", 1), None),
+                              (2, NEW, ("G", 2), None))
+    assert g.grad_plan[2] == ((1, JOIN_ADD, ("G", 1), (q, ("G", 1))),)
+    assert g.allocs(("B", 3)) == (q, ("G", 1), ("G", 2))

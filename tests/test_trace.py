@@ -120,6 +120,9 @@ BAD = {
                                  "layer 2 (loss), field grad_pieces: [1, 64, 0, 1] is neither"),
     "grad_pieces bytes": (_set(["layers", 2, "grad_pieces"], [[1, 64, 0, 1, 32]]),
                           "its pieces' add up to 32"),
+    "grad_whole without pieces": (_set(["layers", 2, "grad_whole"], [1]),
+                                  "layer 2 (loss), field grad_whole: layer 1 is not an input "
+                                  "it lists in grad_pieces"),
 }
 
 

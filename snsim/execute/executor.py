@@ -94,7 +94,12 @@ inputs and outputs).  The pieces that make that true:
     ``X_j``'s leaf, and the store keeps their gradients (a list indexed by
     the view's outputs, None for those it did not make) under the piece's
     name; a piece a reader before made is added into in place, as
-    autograd's input buffer does.  The last reader (``JOIN``,
+    autograd's input buffer does, and a piece in the step's own gradient
+    storage (``PIECE_SHARE``) is kept as a view of it (``piece_views``).
+    A reader that reads ``X_j`` whole too takes that contribution at the
+    leaf, with a pre-hook on its view's node that hands it no gradient, so
+    the node does not run (and add the pieces at the leaf) before the
+    last reader's.  The last reader (``JOIN``,
     ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
     ``torch.autograd.grad`` as gradients of its own copy of the view's other
     outputs, so that the view's one backward node joins them with its own
@@ -488,11 +493,14 @@ class Executor(CopyEngines):
             gouts = gout if isinstance(gout, list) else [gout]
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
-        plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
         # [11] a piece's contribution goes to the view's edges, not to X_j's leaf
-        own_pieces = [(j, k) for j in ins if plan[j][0] == PIECE or plan[j][0] == PIECE_SHARE
+        # (pplan); a layer that reads X_j whole too contributes at the leaf as well
+        plan, pplan = {}, {}
+        for j, mode, where, old in self.g.grad_plan[i]:
+            (pplan if mode == PIECE or mode == PIECE_SHARE else plan)[j] = (mode, where, old)
+        own_pieces = [(j, k) for j in ins if j in pplan
                       for k in self.p.pieces[i][j][1] if edge.pieces[j][k] is not None]
-        slots = [(j, k) for j in ins if plan[j][0] != PIECE and plan[j][0] != PIECE_SHARE
+        slots = [(j, k) for j in ins if j in plan
                  for k, e in enumerate(edge.inputs[j]) if e is not None]
         targets = [edge.inputs[j][k] for j, k in slots] \
             + [edge.pieces[j][k] for j, k in own_pieces] + params
@@ -503,6 +511,9 @@ class Executor(CopyEngines):
         n_view = {j: len(ks) for j, ks in edge.pieces.items()}   # [11] each view's outputs
         hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
                                  else self._accumulate(p)) for p in params]   # [8], [10]
+        for j in pplan.keys() & plan.keys():   # [11] the view's node must not run: its
+            node = next(e.node for e in edge.pieces[j] if e is not None)   # pieces wait
+            hooks.append(node.register_prehook(lambda grads: (None,) * len(grads)))
         if handed and i != self.g.n - 1:
             hooks.append(self._release_own(i, k_op, pairs))
         hooks = [h for h in hooks if h is not None]
@@ -528,7 +539,7 @@ class Executor(CopyEngines):
         for (j, k), gk in zip(own_pieces, got):   # [11] one list per piece tensor,
             if gk is None:                           # indexed by the view's outputs
                 continue
-            mode, made, olds = plan[j]
+            mode, made, olds = pplan[j]
             if mode == PIECE_SHARE:   # a view of the step's own gradient's storage
                 if storage_ptr(gk) not in own:
                     raise ScheduleError(f"the trace says layer {i}'s backward hands a piece "

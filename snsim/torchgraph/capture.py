@@ -109,11 +109,14 @@ Notes the code points back to:
     buffer) or two views of ``X_j`` have such readers (each view's node
     joins its own), the entry is ``[j, bytes, view, piece, bytes, ...]``:
     the view's number among ``X_j``'s listed views and each piece's index
-    in it.  The executor makes each reader's piece gradients apart and
-    joins them with the view's own backward node.  Other shapes (a reader
-    of both pieces and ``X_j`` whole, a reader of two views' pieces, a
-    reader whose backward hands a piece its own gradient's storage) keep
-    the plain rule.
+    in it.  A reader whose backward hands its one piece its own gradient's
+    storage (``u + relu(v)``'s add, ``passes_to_view``) lists ``j`` in
+    ``grad_shares`` too; a reader of pieces that reads ``X_j`` whole as well
+    (``u.T @ h``) lists it in ``grad_whole``.  The executor makes each
+    reader's piece gradients apart and joins them with the view's own
+    backward node.  Other shapes (a reader of two views' pieces, an
+    in-place reader, a pass-through reader of two pieces) keep the plain
+    rule.
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ class CapturedLayer:
     passes_to_view: tuple[int, ...] = ()
     param_shares: tuple[tuple[int, int], ...] = ()   # (owner layer, bytes) used again [11]
     grad_pieces: tuple[tuple[int, int], ...] = ()   # (input layer, bytes of its pieces) [13]
+    grad_whole: tuple[int, ...] = ()   # inputs read whole as well as through pieces [13]
     # input layer -> (the multi-output view's fx node name, the pieces read) [13]
     pieces: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
 
@@ -519,15 +523,15 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
                 _piece_of(n, j, producer[j], env, node_layer))
     for j, readers in reads.items():
         if not layers[j].requires_grad or not isinstance(env.get(producer[j].name), torch.Tensor) \
-                or any(None in got and len(got) > 1 for got in readers.values()) \
                 or any(layers[i].inplace_of == j for i in readers) \
-                or any(None not in got and len({v for v, _ in got}) > 1
+                or any(len({p[0] for p in got if p is not None}) > 1
                        for got in readers.values()):
-            continue   # (a reader of X_j whole and of pieces too, or of two views)
+            continue   # (a reader of two views)
         by_view: dict[str, dict[int, tuple[int, ...]]] = {}   # in the readers' order
         for i, got in sorted(readers.items()):
-            if None not in got:
-                by_view.setdefault(next(iter(got))[0], {})[i] = tuple(sorted(k for _, k in got))
+            ks = tuple(sorted(p[1] for p in got if p is not None))
+            if ks:
+                by_view.setdefault(next(p for p in got if p is not None)[0], {})[i] = ks
         by_view = {view: by for view, by in by_view.items() if len(by) > 1}
         if any(j in layers[i].passes_to_view and len(ks) > 1
                for by in by_view.values() for i, ks in by.items()):
@@ -542,6 +546,8 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
                     (j, sum(sizes), n_view) + tuple(x for kb in zip(ks, sizes) for x in kb)
                 layers[i].grad_pieces += (entry,)
                 layers[i].pieces[j] = (view, ks)
+                if None in readers[i]:   # and X_j whole: that gradient goes to G_j
+                    layers[i].grad_whole += (j,)
                 if j in layers[i].passes_to_view:   # its piece is its own gradient's storage
                     layers[i].grad_shares += (j,)
 
