@@ -548,9 +548,15 @@ class Executor(CopyEngines):
                 self.piece_views.setdefault((made, j), []).append(
                     (k, gk.size(), gk.stride(), gk.storage_offset() - base.storage_offset()))
                 continue
-            into = [parts for parts in map(store.get, olds or ()) if parts[k] is not None]
-            if into:   # a piece a reader before made: autograd's buffer adds in place
-                into[0][k].add_(gk)
+            into = None   # a piece a reader before made: autograd's buffer adds in place
+            for q in olds or ():
+                parts = store.get(q)
+                if parts is None:
+                    raise ScheduleError(f"needs {tensor_name(q)}, not resident")
+                if parts[k] is not None:
+                    into = parts
+            if into is not None:
+                into[k].add_(gk)
             else:
                 parts = store.setdefault(made, [None] * n_view[j])
                 parts[k] = own_storage(gk, taken)
