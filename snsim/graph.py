@@ -294,7 +294,8 @@ class Graph:
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
         # layer j -> its views' groups: the layers whose pieces autograd joins into
         # G_j, in backward order; (layer, j) -> the group it is in
-        self.piece_groups, member, adds_to, passed, whole = self._piece_groups()
+        groups, member, adds_to, passed, whole = self._piece_groups()
+        self.piece_groups = groups
         pieces_in: dict[tuple[int, int], Tensor] = {}   # (c, j) -> storage of c's piece
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run),
@@ -315,7 +316,7 @@ class Graph:
             for j in dict.fromkeys(layers[i].inputs):
                 if not rg[j]:
                     continue
-                group = member.get((i, j))
+                group = member.get((i, j)) if member else None
                 joined = ()
                 if group is not None:
                     if i != group[-1] and (i, j) in passed:
@@ -336,7 +337,7 @@ class Graph:
                         for c in group[:-1]:
                             if (c, j) in pieces_in:
                                 live[pieces_in[(c, j)]].discard(piece(c, j))
-                if j in self.piece_groups:
+                if groups and j in groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
                     first = self.grad_owner[j] == i
@@ -390,9 +391,9 @@ class Graph:
         passed: set[tuple[int, int]] = set()
         whole: set[tuple[int, int]] = set()
         for layer in self.layers:
-            if layer.extra:
+            if layer.extra and "grad_pieces" in layer.extra:
                 whole.update((layer.id, j) for j in layer.extra.get("grad_whole", ()))
-                for entry in layer.extra.get("grad_pieces", ()):
+                for entry in layer.extra["grad_pieces"]:
                     j, nb = entry[0], entry[1]
                     view = entry[2] if len(entry) > 2 else 0
                     # a short entry's pieces are its own: no other reader reads them
