@@ -377,8 +377,8 @@ class Graph:
         ``X_j`` whose pieces two or more backward steps read, those steps in
         backward order.  Each but the last makes ``piece(c, j)`` of the pieces no
         step before it made (none: no tensor) and adds into the tensors of those
-        it reads that one did (``adds_to[(c, j)]``); the last reads no piece a
-        step before it made (else the group keeps the plain rule).  A step
+        it reads that one did (``adds_to[(c, j)]``); the last's are joined with
+        them (added into those a step before it made, inside its step).  A step
         that also lists ``j`` in ``grad_shares`` hands its one piece its own
         gradient's storage (``passed``: ``u + relu(v)``'s add), where that
         piece is read by no other step.  A step that lists ``j`` in
@@ -415,14 +415,11 @@ class Graph:
             for c in contributors[:-1]:
                 for k in by[c]:
                     maker.setdefault(k, c)
-            last = contributors[-1]
-            if any(k in maker for k in by[last]):
-                continue   # the view's node would add the last reader's piece in its buffer
             shared = {c for c in contributors[:-1] if (c, j) in passed}
             if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) or (c, j) in whole
                    for c in shared) \
-                    or any(maker[k] in shared for c in contributors[:-1] for k in by[c]
-                           if maker[k] != c):
+                    or any(maker.get(k) in shared for c in contributors[1:] for k in by[c]
+                           if maker.get(k) != c):
                 continue   # a shared piece that is not one reader's one piece
             group = tuple(contributors)
             groups[j] = groups.get(j, ()) + (group,)

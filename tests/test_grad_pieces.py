@@ -259,10 +259,26 @@ def _plain(trace):
     return make([replace(layer, extra={}) for layer in trace.layers])
 
 
-def test_a_last_reader_of_a_piece_read_before_keeps_the_plain_rule():
+def test_a_last_reader_of_a_piece_read_before_joins_it_as_any():
+    # all three read u: norm's own gradient of u is added into tanh's piece inside
+    # its step (a transient a measured trace carries), then joined
     g = Graph(_piece_read_twice(last_reads=0))
+    q = piece(4, 1)
+    assert g.grad_plan[4] == ((1, PIECE, q, None),)
+    assert g.grad_plan[3][0] == (1, PIECE, None, (q,))
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (q,)),)
+
+
+def test_a_reader_after_a_shared_piece_keeps_the_plain_rule():
+    # the add hands u its own gradient's storage; tanh, after it, reads u too
+    ls = [L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
+          _long(L(2, "norm", [1], 200, reads=["inputs"]), 1, 0, 1, 200),
+          _long(L(3, "act", [1], 200, reads=["output"]), 1, 0, 0, 200),
+          replace(L(4, "add", [1, 2, 3], 200),
+                  extra={"grad_pieces": [[1, 200, 0, 0, 200]], "grad_shares": [1, 2, 3]}),
+          L(5, "loss", [4], 4)]
+    g = Graph(make(ls))
     assert not g.piece_groups
-    assert [m for _, m, _, _ in g.grad_plan[4]] == [NEW]
 
 
 def test_two_views_of_one_input_join_apart():

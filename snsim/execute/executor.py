@@ -98,11 +98,13 @@ inputs and outputs).  The pieces that make that true:
     storage (``PIECE_SHARE``) is kept as a view of it (``piece_views``).
     A reader that reads ``X_j`` whole too takes that contribution at the
     leaf, with a pre-hook on its view's node that hands it no gradient, so
-    the node does not run (and add the pieces at the leaf) before the
-    last reader's.  The last reader (``JOIN``,
+    that the node adds nothing at the leaf (the pieces wait for the last
+    reader's).  The last reader (``JOIN``,
     ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
     ``torch.autograd.grad`` as gradients of its own copy of the view's other
-    outputs, so that the view's one backward node joins them with its own
+    outputs (a piece it reads too through a pre-hook on the view's node
+    that adds its own gradient into it in place, as the node's input
+    buffer does), so that the view's one backward node joins them with its own
     after the layer's nodes have run, as in ``loss.backward()``; what comes
     out at ``X_j``'s leaf is then ``G_j``, or is added to it like any other
     contribution (where layers reading ``X_j`` whole have made it).
@@ -131,6 +133,18 @@ from snsim.torchgraph.program import Program
 
 def _or(alias, x):
     return x if alias is None else alias
+
+
+def _added(grads: tuple, into: list) -> tuple:
+    """A view node's incoming gradients with each ``(k, t)`` of ``into`` added into
+    ``t`` in place, as autograd's input buffer adds into a gradient it holds alone
+    (executor note [11])."""
+    grads = list(grads)
+    for k, t in into:
+        if grads[k] is not None:
+            t.add_(grads[k])
+        grads[k] = t
+    return tuple(grads)
 
 
 def own_storage(g: torch.Tensor, taken: set) -> torch.Tensor:
@@ -507,13 +521,15 @@ class Executor(CopyEngines):
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        joined, joined_g = self._joined(edge, plan)
+        joined, joined_g, adds = self._joined(i, edge, plan)
         n_view = {j: len(ks) for j, ks in edge.pieces.items()}   # [11] each view's outputs
         hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
                                  else self._accumulate(p)) for p in params]   # [8], [10]
         for j in pplan.keys() & plan.keys():   # [11] the view's node must not run: its
             node = next(e.node for e in edge.pieces[j] if e is not None)   # pieces wait
             hooks.append(node.register_prehook(lambda grads: (None,) * len(grads)))
+        for node, into in adds.items():   # [11] its own piece, added into another's
+            hooks.append(node.register_prehook(lambda grads, into=into: _added(grads, into)))
         if handed and i != self.g.n - 1:
             hooks.append(self._release_own(i, k_op, pairs))
         hooks = [h for h in hooks if h is not None]
@@ -524,7 +540,7 @@ class Executor(CopyEngines):
         finally:
             for h in hooks:
                 h.remove()
-        del edge, joined, joined_g
+        del edge, joined, joined_g, adds
         for owner in self.g.buffer_steps.get(i, ()):   # the last contribution [10]
             if self.g.param_buffers[owner][1][-1] == i:
                 parts = store.get(("P", owner))
@@ -606,13 +622,16 @@ class Executor(CopyEngines):
                 else:
                     parts[k].add_(gj)
 
-    def _joined(self, edge, plan) -> tuple[list, list]:
-        """The other readers' piece gradients that a layer's backward joins into
-        ``G_j``, with the edges of its own view's pieces they are the gradients of [11]."""
-        outs, grads = [], []
+    def _joined(self, i: int, edge, plan) -> tuple[list, list, dict]:
+        """The other readers' piece gradients that layer ``i``'s backward joins into
+        ``G_j``, with the edges of its own view's pieces they are the gradients of,
+        and, per view node, those of the pieces ``i`` reads too, which the node's
+        buffer adds its own gradient into [11]."""
+        outs, grads, adds = [], [], {}
         for j, (mode, _, old) in plan.items():
             if mode not in JOINS:
                 continue
+            mine = self.p.pieces[i][j][1]
             # (JOIN_ADD's and JOIN_COPY's last is the storage the join is added to)
             for q in old if mode == JOIN else old[:-1]:
                 parts = self.store.get(q)
@@ -620,16 +639,18 @@ class Executor(CopyEngines):
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")
                 views = self.piece_views.pop((q, j), None)
                 if views is not None:   # pieces in a reader's own gradient storage
-                    for k, size, stride, rel in views:
-                        outs.append(edge.pieces[j][k])
-                        grads.append(parts.as_strided(size, stride,
-                                                      parts.storage_offset() + rel))
-                    continue
-                for k, gk in enumerate(parts):
-                    if gk is not None:
-                        outs.append(edge.pieces[j][k])
+                    got = [(k, parts.as_strided(size, stride, parts.storage_offset() + rel))
+                           for k, size, stride, rel in views]
+                else:
+                    got = [(k, gk) for k, gk in enumerate(parts) if gk is not None]
+                for k, gk in got:
+                    e = edge.pieces[j][k]
+                    if k in mine and e is not None:
+                        adds.setdefault(e.node, []).append((k, gk))
+                    else:
+                        outs.append(e)
                         grads.append(gk)
-        return outs, grads
+        return outs, grads, adds
 
     def _accumulate(self, p: torch.Tensor):
         """A hook that adds a parameter's gradient into ``p.grad`` the moment autograd
