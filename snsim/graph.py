@@ -297,6 +297,8 @@ class Graph:
         groups, member, adds_to, passed, whole = self._piece_groups()
         self.piece_groups = groups
         pieces_in: dict[tuple[int, int], Tensor] = {}   # (c, j) -> storage of c's piece
+        # (last reader, storage of a piece it reads too that it sums out of place)
+        self.piece_sums_out_of_place: set[tuple[int, Tensor]] = set()
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
         # storage -> the gradients in it still to be read (whose backward has not run),
         # and the pieces in it still to be joined
@@ -334,9 +336,15 @@ class Graph:
                         joined = tuple(dict.fromkeys(
                             pieces_in.get((c, j), piece(c, j)) for c in group[:-1]
                             if (c, j) in pieces_in or piece(c, j) in self.sizes))
+                        into = adds_to.get((i, j), ())
                         for c in group[:-1]:
                             if (c, j) in pieces_in:
-                                live[pieces_in[(c, j)]].discard(piece(c, j))
+                                at = pieces_in[(c, j)]
+                                live[at].discard(piece(c, j))
+                                if piece(c, j) in into and live[at]:
+                                    # it adds its own gradient of that piece into a
+                                    # storage other gradients are in: out of place
+                                    self.piece_sums_out_of_place.add((i, at))
                 if groups and j in groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
@@ -415,10 +423,11 @@ class Graph:
             for c in contributors[:-1]:
                 for k in by[c]:
                     maker.setdefault(k, c)
+            last = contributors[-1]
             shared = {c for c in contributors[:-1] if (c, j) in passed}
             if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) or (c, j) in whole
                    for c in shared) \
-                    or any(maker.get(k) in shared for c in contributors[1:] for k in by[c]
+                    or any(maker.get(k) in shared for c in contributors[1:-1] for k in by[c]
                            if maker.get(k) != c):
                 continue   # a shared piece that is not one reader's one piece
             group = tuple(contributors)
@@ -432,6 +441,9 @@ class Graph:
                 olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[c] if maker[k] != c))
                 if olds:
                     adds_to[(c, j)] = olds
+            olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[last] if k in maker))
+            if olds:   # the last reader's own gradients of them are added into them
+                adds_to[(last, j)] = olds
         return groups, member, adds_to, passed, whole
 
     def _plan_param_buffers(self) -> None:

@@ -269,16 +269,46 @@ def test_a_last_reader_of_a_piece_read_before_joins_it_as_any():
     assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (q,)),)
 
 
-def test_a_reader_after_a_shared_piece_keeps_the_plain_rule():
-    # the add hands u its own gradient's storage; tanh, after it, reads u too
-    ls = [L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"]),
-          _long(L(2, "norm", [1], 200, reads=["inputs"]), 1, 0, 1, 200),
-          _long(L(3, "act", [1], 200, reads=["output"]), 1, 0, 0, 200),
-          replace(L(4, "add", [1, 2, 3], 200),
-                  extra={"grad_pieces": [[1, 200, 0, 0, 200]], "grad_shares": [1, 2, 3]}),
-          L(5, "loss", [4], 4)]
-    g = Graph(make(ls))
-    assert not g.piece_groups
+def _shared_then_read(last_reads: int, residual: bool = False):
+    # fc 400 -> chunk: norm reads piece ``last_reads``, tanh the other, the add
+    # reads u (0) and hands it, norm and tanh its own gradient's storage; with
+    # ``residual`` the add's output goes through add2 = stem + add, whose
+    # gradient storage becomes the add's and the stem's (read last of all).
+    # Backward: (add2,) add, tanh, norm (last).
+    stem = [L(0, "data", [], 10), L(1, "fc", [0], 400, params=10, reads=["inputs"])]
+    if residual:
+        stem = [L(0, "data", [], 10), L(1, "fc", [0], 200, params=10, reads=["inputs"]),
+                L(2, "fc", [1], 400, params=10, reads=["inputs"])]
+    j = len(stem) - 1
+    ls = stem + [
+        _long(L(j + 1, "norm", [j], 200, reads=["inputs"]), j, 0, last_reads, 200),
+        _long(L(j + 2, "act", [j], 200, reads=["output"]), j, 0, 1 - last_reads, 200),
+        replace(L(j + 3, "add", [j, j + 1, j + 2], 200),
+                extra={"grad_pieces": [[j, 200, 0, 0, 200]],
+                       "grad_shares": [j, j + 1, j + 2]})]
+    if residual:
+        ls.append(replace(L(j + 4, "add", [1, j + 3], 200), extra={"grad_shares": [1, j + 3]}))
+    return make(ls + [L(len(ls), "loss", [len(ls) - 1], 4)])
+
+
+def test_a_middle_reader_of_a_shared_piece_keeps_the_plain_rule():
+    # tanh reads u, which the add's backward handed its own gradient's storage
+    assert not Graph(_shared_then_read(1)).piece_groups
+
+
+def test_a_last_reader_of_a_shared_piece_adds_into_it_where_nothing_else_is_in_it():
+    g = Graph(_shared_then_read(0))
+    assert g.grad_plan[4][0] == (1, PIECE_SHARE, ("G", 4), None)
+    assert g.grad_plan[2] == ((1, JOIN, ("G", 1), (("G", 4), piece(3, 1))),)
+    assert not g.piece_sums_out_of_place   # G4's storage holds only the piece by then
+
+
+def test_a_last_reader_of_a_shared_piece_sums_apart_where_a_gradient_is_still_in_it():
+    # the stem's G1 is add2's storage too, read at B1, after the join at B3
+    g = Graph(_shared_then_read(0, residual=True))
+    assert g.grad_in[5] == ("G", 6) and g.grad_plan[5][0] == (2, PIECE_SHARE, ("G", 6), None)
+    assert g.grad_plan[3] == ((2, JOIN, ("G", 2), (("G", 6), piece(4, 2))),)
+    assert g.piece_sums_out_of_place == {(3, ("G", 6))}
 
 
 def test_two_views_of_one_input_join_apart():

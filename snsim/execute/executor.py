@@ -103,8 +103,8 @@ inputs and outputs).  The pieces that make that true:
     ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
     ``torch.autograd.grad`` as gradients of its own copy of the view's other
     outputs (a piece it reads too through a pre-hook on the view's node
-    that adds its own gradient into it in place, as the node's input
-    buffer does), so that the view's one backward node joins them with its own
+    that adds its own gradient into it, in place or, where the graph says
+    so, out of place, as the node's input buffer does), so that the view's one backward node joins them with its own
     after the layer's nodes have run, as in ``loss.backward()``; what comes
     out at ``X_j``'s leaf is then ``G_j``, or is added to it like any other
     contribution (where layers reading ``X_j`` whole have made it).
@@ -136,14 +136,19 @@ def _or(alias, x):
 
 
 def _added(grads: tuple, into: list) -> tuple:
-    """A view node's incoming gradients with each ``(k, t)`` of ``into`` added into
-    ``t`` in place, as autograd's input buffer adds into a gradient it holds alone
+    """A view node's incoming gradients with each ``(k, t, apart)`` of ``into`` added
+    into ``t``: in place, as autograd's input buffer adds into a gradient it holds
+    alone, or, ``apart``, out of place, as it sums into one other gradients share
     (executor note [11])."""
     grads = list(grads)
-    for k, t in into:
-        if grads[k] is not None:
-            t.add_(grads[k])
-        grads[k] = t
+    for k, t, apart in into:
+        g = grads[k]
+        if g is None:
+            grads[k] = t
+        elif apart:
+            grads[k] = t + g
+        else:
+            grads[k] = t.add_(g)
     return tuple(grads)
 
 
@@ -646,7 +651,8 @@ class Executor(CopyEngines):
                 for k, gk in got:
                     e = edge.pieces[j][k]
                     if k in mine and e is not None:
-                        adds.setdefault(e.node, []).append((k, gk))
+                        adds.setdefault(e.node, []).append(
+                            (k, gk, (i, q) in self.g.piece_sums_out_of_place))
                     else:
                         outs.append(e)
                         grads.append(gk)
