@@ -99,13 +99,14 @@ inputs and outputs).  The pieces that make that true:
     A reader that reads ``X_j`` whole too takes that contribution at the
     leaf, with a pre-hook on its view's node that hands it no gradient, so
     that the node adds nothing at the leaf (the pieces wait for the last
-    reader's).  The last reader (``JOIN``,
-    ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
-    ``torch.autograd.grad`` as gradients of its own copy of the view's other
-    outputs (a piece it reads too through a pre-hook on the view's node
-    that adds its own gradient into it, in place or, where the graph says
-    so, out of place, as the node's input buffer does), so that the view's one backward node joins them with its own
-    after the layer's nodes have run, as in ``loss.backward()``; what comes
+    reader's).  The last reader (``JOIN``, ``JOIN_ADD``, ``JOIN_COPY``)
+    passes the others' piece gradients to ``torch.autograd.grad`` as
+    gradients of its own copy of the view's other outputs (a piece it reads
+    too through a pre-hook on the view's node that adds its own gradient
+    into it, in place or, where the graph says so, out of place, as the
+    node's input buffer does), so that the view's one backward node joins
+    them with its own after the layer's nodes have run, as in
+    ``loss.backward()``; what comes
     out at ``X_j``'s leaf is then ``G_j``, or is added to it like any other
     contribution (where layers reading ``X_j`` whole have made it).
 """
