@@ -67,6 +67,8 @@ NEW, SHARE, ADD, COPY = "new", "share", "add", "copy"
 # first contribution (JOIN) or added to it in place (JOIN_ADD) or out of place (JOIN_COPY)
 PIECE, JOIN, JOIN_ADD, JOIN_COPY = "piece", "join", "join-add", "join-copy"
 JOINS = (JOIN, JOIN_ADD, JOIN_COPY)
+# a piece whose gradient the step hands on in its own gradient's storage (u + f(v))
+PIECE_SHARE = "piece-share"
 
 
 def tensor_name(t: Tensor) -> str:
@@ -247,12 +249,12 @@ class Graph:
                 needs.append(xs[i])
             allocs: list[Tensor] = [gs[i]] if last else []
             for _, mode, store, old in grad_plan[i]:
-                if mode == NEW or mode == COPY or mode == PIECE or mode == JOIN \
-                        or mode == JOIN_COPY:
+                if mode == NEW or mode == COPY or mode == JOIN or mode == JOIN_COPY \
+                        or (mode == PIECE and store is not None):
                     allocs.append(store)
                 if mode == ADD or mode == COPY:
                     needs.append(old)
-                elif mode in JOINS:
+                elif mode in JOINS or (mode == PIECE and old):
                     needs.extend(old)
             if buffer_steps:
                 for p in buffer_steps.get(i, ()):   # shared parameters' buffers
@@ -279,19 +281,28 @@ class Graph:
         Where two or more layers read ``X_j`` through pieces of one multi-output
         view (``grad_pieces``: ``u, v = x.chunk(2)``), each but the last of them
         makes its pieces' gradient apart (``PIECE``: a new tensor ``piece(i,
-        j)``), and the last joins them all, needing the others' pieces, as the
-        view's one backward node does once it has them all: into a new ``("G",
-        j)`` where that is the first contribution to ``G_j`` (``JOIN``), else
-        added to ``G_j`` as any contribution is (``JOIN_ADD``, ``JOIN_COPY``,
-        whose ``old`` ends with the storage added to).  Layers that read ``X_j``
-        whole contribute as they always do.
+        j)``; where a reader before made some of its pieces, it adds into
+        those, needing them: ``old`` names them, and the store is None where it
+        makes nothing new), and the last joins them all, needing the others'
+        pieces, as the view's one backward node does once it has them all: into
+        a new ``("G", j)`` where that is the first contribution to ``G_j``
+        (``JOIN``), else added to ``G_j`` as any contribution is (``JOIN_ADD``,
+        ``JOIN_COPY``, whose ``old`` ends with the storage added to).  Each
+        view of ``X_j`` with such readers joins apart.  Layers that read
+        ``X_j`` whole contribute as they always do.
         """
         n, rg, layers, gs = self.n, self.requires_grad, self.layers, self._gs
-        # layer j -> the layers whose pieces autograd joins into G_j, in backward order
-        self.piece_groups = groups = self._piece_groups()
+        # layer j -> its views' groups: the layers whose pieces autograd joins into
+        # G_j, in backward order; (layer, j) -> the group it is in
+        groups, member, adds_to, passed, whole = self._piece_groups()
+        self.piece_groups = groups
+        pieces_in: dict[tuple[int, int], Tensor] = {}   # (c, j) -> storage of c's piece
+        # (last reader, storage of a piece it reads too that it sums out of place)
+        self.piece_sums_out_of_place: set[tuple[int, Tensor]] = set()
         cur: dict[int, Tensor] = {}        # logical G_j -> storage now holding it
-        # storage -> the gradients in it still to be read (whose backward has not run)
-        live: dict[Tensor, set[int]] = {}
+        # storage -> the gradients in it still to be read (whose backward has not run),
+        # and the pieces in it still to be joined
+        live: dict[Tensor, set] = {}
         self.grad_in: list[Tensor | None] = [None] * n
         self.grad_plan: dict[int, tuple] = {}
         for i in range(n - 1, -1, -1):
@@ -307,14 +318,34 @@ class Graph:
             for j in dict.fromkeys(layers[i].inputs):
                 if not rg[j]:
                     continue
-                group = groups.get(j)
+                group = member.get((i, j)) if member else None
                 joined = ()
                 if group is not None:
-                    if i in group and i != group[-1]:
-                        plan.append((j, PIECE, piece(i, j), None))
+                    if i != group[-1] and (i, j) in passed:
+                        pieces_in[(i, j)] = own   # it lives while the piece waits
+                        live.setdefault(own, set()).add(piece(i, j))
+                        plan.append((j, PIECE_SHARE, own, None))
                         continue
-                    if i == group[-1]:
-                        joined = tuple(piece(c, j) for c in group[:-1])
+                    if i != group[-1]:
+                        made = piece(i, j) if piece(i, j) in self.sizes else None
+                        plan.append((j, PIECE, made, adds_to.get((i, j))))
+                        if (i, j) not in whole:
+                            continue
+                        # and X_j whole: a contribution to G_j as well, below
+                    else:
+                        joined = tuple(dict.fromkeys(
+                            pieces_in.get((c, j), piece(c, j)) for c in group[:-1]
+                            if (c, j) in pieces_in or piece(c, j) in self.sizes))
+                        into = adds_to.get((i, j), ())
+                        for c in group[:-1]:
+                            if (c, j) in pieces_in:
+                                at = pieces_in[(c, j)]
+                                live[at].discard(piece(c, j))
+                                if piece(c, j) in into and live[at]:
+                                    # it adds its own gradient of that piece into a
+                                    # storage other gradients are in: out of place
+                                    self.piece_sums_out_of_place.add((i, at))
+                if groups and j in groups:
                     first = j not in cur   # a piece reader before may not have made it
                 else:
                     first = self.grad_owner[j] == i
@@ -324,7 +355,7 @@ class Graph:
                     plan.append((j, JOIN, gs[j], joined))
                     continue
                 if first:
-                    if j in shares and i != n - 1:
+                    if j in shares and i != n - 1 and (i, j) not in passed:
                         cur[j] = own
                         plan.append((j, SHARE, own, None))
                     else:
@@ -348,30 +379,72 @@ class Graph:
                                 else (j, ADD, old, old))
             self.grad_plan[i] = tuple(plan)
 
-    def _piece_groups(self) -> dict[int, tuple[int, ...]]:
+    def _piece_groups(self) -> tuple[dict, dict, dict, set, set]:
         """Per layer j part of whose gradient autograd assembles from pieces
-        (``grad_pieces``, DESIGN 3, "Gradient storage"): the backward steps that
-        list ``j`` (two or more), in backward order; each but the last one's
-        ``piece(c, j)`` gets its bytes."""
-        listed: dict[int, dict[int, int]] = {}   # j -> {contributor: piece bytes}
+        (``grad_pieces``, DESIGN 3, "Gradient storage"): one group per view of
+        ``X_j`` whose pieces two or more backward steps read, those steps in
+        backward order.  Each but the last makes ``piece(c, j)`` of the pieces no
+        step before it made (none: no tensor) and adds into the tensors of those
+        it reads that one did (``adds_to[(c, j)]``); the last's are joined with
+        them (added into those a step before it made, inside its step).  A step
+        that also lists ``j`` in ``grad_shares`` hands its one piece its own
+        gradient's storage (``passed``: ``u + relu(v)``'s add), where that
+        piece is read by no other step.  A step that lists ``j`` in
+        ``grad_whole`` reads ``X_j`` whole too (``whole``): that contribution
+        goes to ``G_j`` (the last's is joined with the pieces)."""
+        listed: dict[tuple[int, int], dict[int, dict]] = {}   # (j, view) -> {c: pieces}
+        groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        member: dict[tuple[int, int], tuple[int, ...]] = {}
+        adds_to: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        passed: set[tuple[int, int]] = set()
+        whole: set[tuple[int, int]] = set()
         for layer in self.layers:
-            if layer.extra:
-                for j, nb in layer.extra.get("grad_pieces", ()):
-                    listed.setdefault(j, {})[layer.id] = nb
+            if layer.extra and "grad_pieces" in layer.extra:
+                whole.update((layer.id, j) for j in layer.extra.get("grad_whole", ()))
+                for entry in layer.extra["grad_pieces"]:
+                    j, nb = entry[0], entry[1]
+                    view = entry[2] if len(entry) > 2 else 0
+                    # a short entry's pieces are its own: no other reader reads them
+                    got = dict(zip(entry[3::2], entry[4::2])) if len(entry) > 2 \
+                        else {("own", layer.id): nb}
+                    listed.setdefault((j, view), {})[layer.id] = got
+                    if j in layer.extra.get("grad_shares", ()):
+                        passed.add((layer.id, j))
         if not listed:
-            return {}
+            return groups, member, adds_to, passed, whole
         rg, one = self.requires_grad, self._same_int.setdefault
-        groups = {}
-        for j, by in listed.items():
+        for (j, _), by in listed.items():
             if not rg[j]:
                 continue
             contributors = [c for c in reversed(self.consumers[j]) if rg[c] and c in by]
             if len(contributors) < 2:
                 continue
-            groups[j] = tuple(contributors)
+            maker: dict = {}   # piece -> the step whose tensor holds it
             for c in contributors[:-1]:
-                self.sizes[piece(c, j)] = one(by[c], by[c])
-        return groups
+                for k in by[c]:
+                    maker.setdefault(k, c)
+            last = contributors[-1]
+            shared = {c for c in contributors[:-1] if (c, j) in passed}
+            if any(len(by[c]) != 1 or any(maker[k] != c for k in by[c]) or (c, j) in whole
+                   for c in shared) \
+                    or any(maker.get(k) in shared for c in contributors[1:-1] for k in by[c]
+                           if maker.get(k) != c):
+                continue   # a shared piece that is not one reader's one piece
+            group = tuple(contributors)
+            groups[j] = groups.get(j, ()) + (group,)
+            for c in group:
+                member[(c, j)] = group
+            for c in contributors[:-1]:
+                nb = sum(b for k, b in by[c].items() if maker[k] == c)
+                if nb and c not in shared:
+                    self.sizes[piece(c, j)] = one(nb, nb)
+                olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[c] if maker[k] != c))
+                if olds:
+                    adds_to[(c, j)] = olds
+            olds = tuple(dict.fromkeys(piece(maker[k], j) for k in by[last] if k in maker))
+            if olds:   # the last reader's own gradients of them are added into them
+                adds_to[(last, j)] = olds
+        return groups, member, adds_to, passed, whole
 
     def _plan_param_buffers(self) -> None:
         """Shared parameters (DESIGN 3, "Shared parameters"; capture note [11]).
@@ -527,12 +600,14 @@ class Graph:
     @cached_property
     def written(self) -> dict[Step, tuple[Tensor, ...]]:
         """Per backward step, the tensors it writes into in place: a gradient it
-        adds its contribution to (``ADD``, ``JOIN_ADD``) and a shared
+        adds its contribution to (``ADD``, ``JOIN_ADD``, a piece another step
+        made), and a shared
         parameters' buffer after its first contributor.  A host copy made
         before such a step is stale after it."""
         out: dict[Step, tuple[Tensor, ...]] = {}
         for i, plan in self.grad_plan.items():
             ts = [store for _, mode, store, _ in plan if mode == ADD or mode == JOIN_ADD]
+            ts += [t for _, mode, _, old in plan if mode == PIECE and old for t in old]
             ts += [P(p) for p in self.buffer_steps.get(i, ())
                    if self.param_buffers[p][1][0] != i]
             if ts:

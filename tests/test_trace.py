@@ -116,6 +116,13 @@ BAD = {
                            "layer 1 (conv1), field workspace.1.bytes"),
     "bad device": (_set(["device", "memory_bytes"], 0), "field device.memory_bytes"),
     "batch zero": (_set(["batch"], 0), "field batch: 0 is less than the minimum of 1"),
+    "grad_pieces neither form": (_set(["layers", 2, "grad_pieces"], [[1, 64, 0, 1]]),
+                                 "layer 2 (loss), field grad_pieces: [1, 64, 0, 1] is neither"),
+    "grad_pieces bytes": (_set(["layers", 2, "grad_pieces"], [[1, 64, 0, 1, 32]]),
+                          "its pieces' add up to 32"),
+    "grad_whole without pieces": (_set(["layers", 2, "grad_whole"], [1]),
+                                  "layer 2 (loss), field grad_whole: layer 1 is not an input "
+                                  "it lists in grad_pieces"),
 }
 
 

@@ -91,12 +91,22 @@ inputs and outputs).  The pieces that make that true:
     makes a layer's contribution to ``G_j`` a piece (``PIECE``), its backward
     goes to the gradient edges of the pieces of the multi-output view it
     reads (``u, v = x.chunk(2)``: ``SplitBackward0``'s outputs), not to
-    ``X_j``'s leaf, and the store keeps their gradients (a list, one per
-    piece read) under the piece's name.  The last reader (``JOIN``,
-    ``JOIN_ADD``, ``JOIN_COPY``) passes the others' piece gradients to
-    ``torch.autograd.grad`` as gradients of its own copy of the view's other
-    outputs, so that the view's one backward node joins them with its own
-    after the layer's nodes have run, as in ``loss.backward()``; what comes
+    ``X_j``'s leaf, and the store keeps their gradients (a list indexed by
+    the view's outputs, None for those it did not make) under the piece's
+    name; a piece a reader before made is added into in place, as
+    autograd's input buffer does, and a piece in the step's own gradient
+    storage (``PIECE_SHARE``) is kept as a view of it (``piece_views``).
+    A reader that reads ``X_j`` whole too takes that contribution at the
+    leaf, with a pre-hook on its view's node that hands it no gradient, so
+    that the node adds nothing at the leaf (the pieces wait for the last
+    reader's).  The last reader (``JOIN``, ``JOIN_ADD``, ``JOIN_COPY``)
+    passes the others' piece gradients to ``torch.autograd.grad`` as
+    gradients of its own copy of the view's other outputs (a piece it reads
+    too through a pre-hook on the view's node that adds its own gradient
+    into it, in place or, where the graph says so, out of place, as the
+    node's input buffer does), so that the view's one backward node joins
+    them with its own after the layer's nodes have run, as in
+    ``loss.backward()``; what comes
     out at ``X_j``'s leaf is then ``G_j``, or is added to it like any other
     contribution (where layers reading ``X_j`` whole have made it).
 """
@@ -113,8 +123,8 @@ from snsim.errors import ScheduleError
 from snsim.execute import optim
 from snsim.execute.store import Edge, Saved, flat, remap, storage_ptr
 from snsim.execute.transfer import CopyEngines
-from snsim.graph import (ADD, COPY, JOIN_ADD, JOIN_COPY, JOINS, PIECE, SHARE, Graph, kind,
-                         tensor_name)
+from snsim.graph import (ADD, COPY, JOIN, JOIN_ADD, JOIN_COPY, JOINS, PIECE, PIECE_SHARE,
+                         SHARE, Graph, kind, tensor_name)
 from snsim.schedule.ledger import dying_reads, effects, hands_over, in_place_steps
 from snsim.schedule.ops import COMPUTE, RELEASE, SYNC, TO_DEVICE, TO_HOST, Schedule
 from snsim.torchgraph import amp
@@ -124,6 +134,23 @@ from snsim.torchgraph.program import Program
 
 def _or(alias, x):
     return x if alias is None else alias
+
+
+def _added(grads: tuple, into: list) -> tuple:
+    """A view node's incoming gradients with each ``(k, t, apart)`` of ``into`` added
+    into ``t``: in place, as autograd's input buffer adds into a gradient it holds
+    alone, or, ``apart``, out of place, as it sums into one other gradients share
+    (executor note [11])."""
+    grads = list(grads)
+    for k, t, apart in into:
+        g = grads[k]
+        if g is None:
+            grads[k] = t
+        elif apart:
+            grads[k] = t + g
+        else:
+            grads[k] = t.add_(g)
+    return tuple(grads)
 
 
 def own_storage(g: torch.Tensor, taken: set) -> torch.Tensor:
@@ -248,6 +275,9 @@ class Executor(CopyEngines):
         self.rng: dict[int, Any] = {}
         self.parts: dict[int, int] = {}   # tuple-valued layer -> number of tensors [6]
         self.gview: dict[int, tuple] = {}  # logical G_j -> (storage, size, stride, offset) [5]
+        # (storage, j) -> the pieces of X_j whose gradients lie in it [11]:
+        # (view output, size, stride, offset)
+        self.piece_views: dict[tuple, list] = {}
         self.skeletons: dict = {}         # tuple-valued key -> its structure, for prefetch
         for k, op in enumerate(self.schedule.ops):
             if hook is not None:
@@ -388,7 +418,7 @@ class Executor(CopyEngines):
         multi-output view, where the plan makes or joins piece gradients [11]."""
         out: dict[int, list] = {}
         for j, mode, _, _ in self.g.grad_plan.get(i, ()):
-            if mode != PIECE and mode not in JOINS:
+            if mode != PIECE and mode != PIECE_SHARE and mode not in JOINS:
                 continue
             got = self.p.pieces.get(i, {}).get(j)
             parts = seen.get(got[0]) if got is not None else None
@@ -432,7 +462,7 @@ class Executor(CopyEngines):
         the step and no node hands it to an input or a parameter [7]."""
         own = self.g.grad_in[i]
         if len(pairs) != 1 or own in self.host \
-                or any(old == own or (mode in JOINS and own in old)
+                or any(old == own or (mode in JOINS and own in old) or mode == PIECE_SHARE
                        for _, mode, _, old in self.g.grad_plan[i]):
             return None   # (the step also sums a gradient it holds into a new buffer)
         for op in self.schedule.ops[k_op + 1:]:
@@ -483,20 +513,29 @@ class Executor(CopyEngines):
             gouts = gout if isinstance(gout, list) else [gout]
         ins = [j for j in edge.inputs if self.g.requires_grad[j]]
         params = self.p.layers[i].params
-        plan = {j: (mode, where, old) for j, mode, where, old in self.g.grad_plan[i]}
         # [11] a piece's contribution goes to the view's edges, not to X_j's leaf
-        own_pieces = [(j, k) for j in ins if plan[j][0] == PIECE
+        # (pplan); a layer that reads X_j whole too contributes at the leaf as well
+        plan, pplan = {}, {}
+        for j, mode, where, old in self.g.grad_plan[i]:
+            (pplan if mode == PIECE or mode == PIECE_SHARE else plan)[j] = (mode, where, old)
+        own_pieces = [(j, k) for j in ins if j in pplan
                       for k in self.p.pieces[i][j][1] if edge.pieces[j][k] is not None]
-        slots = [(j, k) for j in ins if plan[j][0] != PIECE
+        slots = [(j, k) for j in ins if j in plan
                  for k, e in enumerate(edge.inputs[j]) if e is not None]
         targets = [edge.inputs[j][k] for j, k in slots] \
             + [edge.pieces[j][k] for j, k in own_pieces] + params
         pairs = [(e, gx) for e, gx in zip(edge.out, gouts) if e is not None and gx is not None]
         if not targets or not pairs:
             return
-        joined, joined_g = self._joined(i, edge, plan)
+        joined, joined_g, adds = self._joined(i, edge, plan)
+        n_view = {j: len(ks) for j, ks in edge.pieces.items()}   # [11] each view's outputs
         hooks = [p.register_hook(self._into_buffer(p, i) if id(p) in self.buffer_of
                                  else self._accumulate(p)) for p in params]   # [8], [10]
+        for j in pplan.keys() & plan.keys():   # [11] the view's node must not run: its
+            node = next(e.node for e in edge.pieces[j] if e is not None)   # pieces wait
+            hooks.append(node.register_prehook(lambda grads: (None,) * len(grads)))
+        for node, into in adds.items():   # [11] its own piece, added into another's
+            hooks.append(node.register_prehook(lambda grads, into=into: _added(grads, into)))
         if handed and i != self.g.n - 1:
             hooks.append(self._release_own(i, k_op, pairs))
         hooks = [h for h in hooks if h is not None]
@@ -507,7 +546,7 @@ class Executor(CopyEngines):
         finally:
             for h in hooks:
                 h.remove()
-        del edge, joined, joined_g
+        del edge, joined, joined_g, adds
         for owner in self.g.buffer_steps.get(i, ()):   # the last contribution [10]
             if self.g.param_buffers[owner][1][-1] == i:
                 parts = store.get(("P", owner))
@@ -520,10 +559,29 @@ class Executor(CopyEngines):
         taken = set(own)
         got = grads[len(slots):len(slots) + len(own_pieces)]
         for (j, k), gk in zip(own_pieces, got):   # [11] one list per piece tensor,
-            ks = self.p.pieces[i][j][1]              # in the order of the pieces read
-            parts = store.setdefault(plan[j][1], [None] * len(ks))
-            if gk is not None:
-                parts[ks.index(k)] = own_storage(gk, taken)
+            if gk is None:                           # indexed by the view's outputs
+                continue
+            mode, made, olds = pplan[j]
+            if mode == PIECE_SHARE:   # a view of the step's own gradient's storage
+                if storage_ptr(gk) not in own:
+                    raise ScheduleError(f"the trace says layer {i}'s backward hands a piece "
+                                        f"of G{j} its own gradient's storage; autograd did not")
+                base = store[made]
+                self.piece_views.setdefault((made, j), []).append(
+                    (k, gk.size(), gk.stride(), gk.storage_offset() - base.storage_offset()))
+                continue
+            into = None   # a piece a reader before made: autograd's buffer adds in place
+            for q in olds or ():
+                parts = store.get(q)
+                if parts is None:
+                    raise ScheduleError(f"needs {tensor_name(q)}, not resident")
+                if parts[k] is not None:
+                    into = parts
+            if into is not None:
+                into[k].add_(gk)
+            else:
+                parts = store.setdefault(made, [None] * n_view[j])
+                parts[k] = own_storage(gk, taken)
         del got
         for (j, k), gj in zip(slots, grads):
             if gj is None:
@@ -570,22 +628,36 @@ class Executor(CopyEngines):
                 else:
                     parts[k].add_(gj)
 
-    def _joined(self, i: int, edge, plan) -> tuple[list, list]:
+    def _joined(self, i: int, edge, plan) -> tuple[list, list, dict]:
         """The other readers' piece gradients that layer ``i``'s backward joins into
-        ``G_j``, with the edges of its own view's pieces they are the gradients of [11]."""
-        outs, grads = [], []
+        ``G_j``, with the edges of its own view's pieces they are the gradients of,
+        and, per view node, those of the pieces ``i`` reads too, which the node's
+        buffer adds its own gradient into [11]."""
+        outs, grads, adds = [], [], {}
         for j, (mode, _, old) in plan.items():
             if mode not in JOINS:
                 continue
-            for c, q in zip(self.g.piece_groups[j][:-1], old):   # the readers before i
+            mine = self.p.pieces[i][j][1]
+            # (JOIN_ADD's and JOIN_COPY's last is the storage the join is added to)
+            for q in old if mode == JOIN else old[:-1]:
                 parts = self.store.get(q)
                 if parts is None:
                     raise ScheduleError(f"needs {tensor_name(q)}, not resident")
-                for k, gk in zip(self.p.pieces[c][j][1], parts):
-                    if gk is not None:
-                        outs.append(edge.pieces[j][k])
+                views = self.piece_views.pop((q, j), None)
+                if views is not None:   # pieces in a reader's own gradient storage
+                    got = [(k, parts.as_strided(size, stride, parts.storage_offset() + rel))
+                           for k, size, stride, rel in views]
+                else:
+                    got = [(k, gk) for k, gk in enumerate(parts) if gk is not None]
+                for k, gk in got:
+                    e = edge.pieces[j][k]
+                    if k in mine and e is not None:
+                        adds.setdefault(e.node, []).append(
+                            (k, gk, (i, q) in self.g.piece_sums_out_of_place))
+                    else:
+                        outs.append(e)
                         grads.append(gk)
-        return outs, grads
+        return outs, grads, adds
 
     def _accumulate(self, p: torch.Tensor):
         """A hook that adds a parameter's gradient into ``p.grad`` the moment autograd

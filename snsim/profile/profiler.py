@@ -388,6 +388,8 @@ def _layer_doc(i: int, layer: cap.CapturedLayer, t: dict[str, Any]) -> dict[str,
         d["param_shares"] = [list(x) for x in layer.param_shares]
     if layer.grad_pieces:
         d["grad_pieces"] = [list(x) for x in layer.grad_pieces]
+    if layer.grad_whole:
+        d["grad_whole"] = list(layer.grad_whole)
     if layer.released_after is not None:
         d["released_after"] = layer.released_after
     for key in ("fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"):

@@ -101,13 +101,22 @@ Notes the code points back to:
     autograd keeps the gradient of the pieces one reader's backward makes in
     that node's input buffer until every reader's has run, and only then
     joins them into the input's gradient.  Where two or more layers read
-    ``X_j`` only through pieces of one such view, no piece is read by two
-    and every other reader reads ``X_j`` whole (a residual), each piece
-    reader lists ``[j, bytes of its pieces]`` in ``grad_pieces`` (DESIGN 3,
-    "Gradient storage"); the executor makes each reader's piece gradients
-    apart and joins them with the view's own backward node.  Other shapes (a
-    reader of both pieces and ``X_j`` whole, a piece read twice, two views
-    with pieces) keep the plain rule.
+    ``X_j`` only through pieces of one such view, and every other reader
+    reads ``X_j`` whole (a residual) or through pieces of one other view,
+    each piece reader lists ``[j, bytes of its pieces]`` in ``grad_pieces``
+    (DESIGN 3, "Gradient storage"); where a piece is read by two layers
+    (``u * norm(v) + tanh(u)``: autograd adds their gradients in the node's
+    buffer) or two views of ``X_j`` have such readers (each view's node
+    joins its own), the entry is ``[j, bytes, view, piece, bytes, ...]``:
+    the view's number among ``X_j``'s listed views and each piece's index
+    in it.  A reader whose backward hands its one piece its own gradient's
+    storage (``u + relu(v)``'s add, ``passes_to_view``) lists ``j`` in
+    ``grad_shares`` too; a reader of pieces that reads ``X_j`` whole as well
+    (``u.T @ h``) lists it in ``grad_whole``.  The executor makes each
+    reader's piece gradients apart and joins them with the view's own
+    backward node.  Other shapes (a reader of two views' pieces, an
+    in-place reader, a pass-through reader of two pieces) keep the plain
+    rule.
 [14] What the model's own code holds.  In eager PyTorch a tensor lives while
     a Python variable of the forward refers to it (or to a view of it), not
     only until its last reader: ``o = self.side(x)`` read by ``h + o`` stays
@@ -311,6 +320,7 @@ class CapturedLayer:
     passes_to_view: tuple[int, ...] = ()
     param_shares: tuple[tuple[int, int], ...] = ()   # (owner layer, bytes) used again [11]
     grad_pieces: tuple[tuple[int, int], ...] = ()   # (input layer, bytes of its pieces) [13]
+    grad_whole: tuple[int, ...] = ()   # inputs read whole as well as through pieces [13]
     # input layer -> (the multi-output view's fx node name, the pieces read) [13]
     pieces: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     released_after: int | None = None   # the model's code holds X_i until then [14]
@@ -588,7 +598,7 @@ def _set_grad_bytes(nodes, env, node_layer, layers) -> None:
 
 
 def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
-    """``grad_pieces`` of the layers that read an input through pieces of one
+    """``grad_pieces`` of the layers that read an input through pieces of a
     multi-output view that other layers read too [13]."""
     producer: dict[int, fx.Node] = {}
     for node in nodes:
@@ -608,22 +618,34 @@ def _set_grad_pieces(nodes, env, node_layer, layers) -> None:
             reads.setdefault(j, {}).setdefault(i, set()).add(
                 _piece_of(n, j, producer[j], env, node_layer))
     for j, readers in reads.items():
-        views = {p[0] for got in readers.values() for p in got if p is not None}
-        by_piece = {i: got for i, got in readers.items() if None not in got}
-        if len(by_piece) < 2 or len(views) != 1 or not layers[j].requires_grad \
-                or not isinstance(env.get(producer[j].name), torch.Tensor) \
-                or any(None in got and len(got) > 1 for got in readers.values()):
-            continue   # (a reader of X_j whole and of pieces too)
-        picked = [k for got in by_piece.values() for _, k in got]
-        if len(picked) != len(set(picked)) or any(
-                layers[i].inplace_of == j or j in layers[i].passes_to_view for i in readers):
-            continue
-        view = views.pop()
-        for i, got in by_piece.items():
-            ks = tuple(sorted(k for _, k in got))
-            layer = layers[i]
-            layer.grad_pieces += ((j, sum(nbytes(env[view][k]) for k in ks)),)
-            layer.pieces[j] = (view, ks)
+        if not layers[j].requires_grad or not isinstance(env.get(producer[j].name), torch.Tensor) \
+                or any(layers[i].inplace_of == j for i in readers) \
+                or any(len({p[0] for p in got if p is not None}) > 1
+                       for got in readers.values()):
+            continue   # (a reader of two views)
+        by_view: dict[str, dict[int, tuple[int, ...]]] = {}   # in the readers' order
+        for i, got in sorted(readers.items()):
+            ks = tuple(sorted(p[1] for p in got if p is not None))
+            if ks:
+                by_view.setdefault(next(p for p in got if p is not None)[0], {})[i] = ks
+        by_view = {view: by for view, by in by_view.items() if len(by) > 1}
+        if any(j in layers[i].passes_to_view and len(ks) > 1
+               for by in by_view.values() for i, ks in by.items()):
+            continue   # (which piece it hands its own gradient's storage is not known)
+        picked = [k for by in by_view.values() for ks in by.values() for k in ks]
+        # the short form [j, bytes] where one view's pieces are each read once
+        short = len(by_view) == 1 and len(picked) == len(set(picked))
+        for n_view, (view, by) in enumerate(by_view.items()):
+            for i, ks in by.items():
+                sizes = [nbytes(env[view][k]) for k in ks]
+                entry = (j, sum(sizes)) if short else \
+                    (j, sum(sizes), n_view) + tuple(x for kb in zip(ks, sizes) for x in kb)
+                layers[i].grad_pieces += (entry,)
+                layers[i].pieces[j] = (view, ks)
+                if None in readers[i]:   # and X_j whole: that gradient goes to G_j
+                    layers[i].grad_whole += (j,)
+                if j in layers[i].passes_to_view:   # its piece is its own gradient's storage
+                    layers[i].grad_shares += (j,)
 
 
 def _set_released_after(nodes, node_layer, layers) -> None:

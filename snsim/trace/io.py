@@ -32,7 +32,8 @@ _LAYER_KEYS = frozenset({"id", "name", "kind", "inputs", "output_bytes", "param_
                "bwd_ms", "bwd_reads", "saved_extra_bytes", "workspace", "grad_bytes"})
 _TOP_KEYS = {"schema", "model", "batch", "dtype", "input_shape", "source", "device", "layers"}
 # the optional layer fields only some checks of _semantic_check and _oplog_check read
-_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "grad_pieces", "param_shares",
+_RARE_KEYS = frozenset({"grad_bytes", "grad_shares", "grad_pieces", "grad_whole",
+                        "param_shares",
                         "inplace_alias",
                         "output_sizes", "input_results", "alias_of", "output_released_after",
                         "released_after"})
@@ -191,13 +192,22 @@ def _semantic_loop(layers: list, label: str) -> None:
                 raise TraceError(f"{where}, field grad_shares: layer {j} is not one of its "
                                  "inputs")
         for pair in raw.get("grad_pieces", ()):
-            if len(pair) != 2 or pair[0] not in raw["inputs"]:
-                raise TraceError(f"{where}, field grad_pieces: {pair} is not a pair "
-                                 "[input layer, bytes] naming one of its inputs")
+            if (len(pair) != 2 and (len(pair) < 5 or len(pair) % 2 == 0)) \
+                    or pair[0] not in raw["inputs"]:
+                raise TraceError(f"{where}, field grad_pieces: {pair} is neither "
+                                 "[input layer, bytes] nor [input layer, bytes, view, "
+                                 "piece, bytes, ...] naming one of its inputs")
+            if len(pair) > 2 and sum(pair[4::2]) != pair[1]:
+                raise TraceError(f"{where}, field grad_pieces: {pair} says {pair[1]} "
+                                 f"bytes, its pieces' add up to {sum(pair[4::2])}")
             if pair[1] > layers[pair[0]]["output_bytes"]:
                 raise TraceError(f"{where}, field grad_pieces: {pair[1]} bytes of pieces "
                                  f"of layer {pair[0]}, whose output has "
                                  f"{layers[pair[0]]['output_bytes']}")
+        for j in raw.get("grad_whole", ()):
+            if all(pair[0] != j for pair in raw.get("grad_pieces", ())):
+                raise TraceError(f"{where}, field grad_whole: layer {j} is not an input it "
+                                 "lists in grad_pieces")
         for pair in raw.get("param_shares", ()):
             if len(pair) != 2:
                 raise TraceError(f"{where}, field param_shares: {pair} is not a pair "
