@@ -87,6 +87,19 @@ def test_capped_below_the_optimum_every_full_suffix_is_infeasible(trace, device)
     assert st["suffix_steps"] == len(g.route) and st["suffix_s"] >= 0
 
 
+def test_an_lp_suffix_bounds_by_its_optimum():
+    """The LP relaxation alone (no MILP after it) gives its optimum as the bound:
+    above 0, at most the class optimum; chain5 on the slow link at 1.1x, where
+    the capped LP says 10.86 ms against the optimum's 14.75 (test_optimal)."""
+    g = Graph(chain5(SLOW))
+    budget = int(g.lower_bound_bytes * 1.1)
+    opt = class_optimum(g, budget)
+    K = len(g.route)
+    b, none = suffix_bound(build(g, budget, cutoff=opt + 1e-6), 20.0, tries=((K, True),))
+    assert not none and 0 < b <= opt + EPS
+    assert b == pytest.approx(10.86 - g.optimizer_ms, abs=1e-6)
+
+
 def test_capped_bounds_a_large_model_by_its_suffixes(monkeypatch):
     """With every model counted large, ``capped`` answers from the suffixes:
     chain5 on the slow link at 440 (optimum 9 ms, test_optimal): told a plan

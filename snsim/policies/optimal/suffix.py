@@ -112,8 +112,10 @@ def suffix_bound(f: Formulation, seconds: float, stats: dict | None = None,
             break
         if relax and sol.status != "optimal":
             continue   # an LP stopped short bounds nothing
-        if sol.bound > best:
-            best, steps = sol.bound, n
+        # an LP's optimum is its bound (HiGHS reports no MIP dual bound for it)
+        got = sol.objective if relax else sol.bound
+        if got > best:
+            best, steps = got, n
     if stats is not None:
         stats["suffix_steps"] = steps
         stats["suffix_s"] = round(time.perf_counter() - t0, 3)
