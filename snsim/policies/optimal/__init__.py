@@ -208,7 +208,11 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
     at all (a heuristic's read as binaries, or one found by the uncapped
     model in the time left); otherwise ``infeasible`` as before (an empty
     class bounds nothing; so it is when less than ``need_s`` is
-    left to build and search the uncapped model: status ``time-limit``)."""
+    left to build and search the uncapped model: status ``time-limit``).
+    A model of ``SUFFIX_NONZEROS`` or more is not searched: its last stages'
+    rows bound it (:func:`.suffix.suffix_bound`: status ``suffix-bound``, or
+    the above where they have no solution), and an uncapped model's last
+    stages' LP without a solution shows the class empty (``infeasible``)."""
     t0 = time.perf_counter()
     left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     route = cutoff - g.optimizer_ms   # the model prices the route
