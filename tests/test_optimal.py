@@ -459,13 +459,9 @@ def test_infeasible_run_reports_no_time_and_no_peak():
 
 # ------------------------------------------------- the capped model (cutoff, tight big-M)
 def lp_relaxation(m):
-    from snsim.policies.optimal.milp import Milp
     from snsim.policies.optimal.solve import solve
 
-    relaxed = Milp()
-    relaxed.lb, relaxed.ub, relaxed.cost, relaxed.rows = m.lb, m.ub, m.cost, m.rows
-    relaxed.integer = [False] * len(m.lb)
-    sol = solve(relaxed, 20)
+    sol = solve(m.relaxed(), 20)
     assert sol.status == "optimal"
     return sol.objective
 

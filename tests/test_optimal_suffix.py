@@ -134,10 +134,6 @@ def test_resnet50_suffix_proves_the_cutoff_where_the_full_model_is_unsolved():
     f = build(g, cap, cutoff=1.0509 * g.compute_ms - g.optimizer_ms)
     K = len(g.route)
     of = stages(f)
-    relaxed = suffix_milp(f, K - 40, of)
-    relaxed.integer = [False] * len(relaxed.lb)
-    sol = solve(relaxed, 60)
+    sol = solve(suffix_milp(f, K - 40, of).relaxed(), 60)
     assert sol.status == "optimal" and sol.objective < 1.0509 * g.compute_ms
-    relaxed = suffix_milp(f, K - 80, of)
-    relaxed.integer = [False] * len(relaxed.lb)
-    assert solve(relaxed, 120).status == "infeasible"
+    assert solve(suffix_milp(f, K - 80, of).relaxed(), 120).status == "infeasible"

@@ -204,7 +204,8 @@ def test_capture_names_the_view_and_the_pieces_where_a_piece_is_read_twice():
 def test_capture_numbers_the_views_of_one_input():
     got = _pieces("two_views_with_pieces")
     half = 8 * 64 * 64 * 4
-    assert got["blocks.0.norm"] == [[1, half, 0, 1, half]] and got["mul"] == [[1, half, 0, 0, half]]
+    assert got["blocks.0.norm"] == [[1, half, 0, 1, half]]
+    assert got["mul"] == [[1, half, 0, 0, half]]
     assert got["tanh"] == [[1, half, 1, 1, half]] and got["mul_1"] == [[1, half, 1, 0, half]]
 
 

@@ -235,10 +235,7 @@ class Moments:
 
 def lp_value(m: Milp, seconds: float) -> float:
     """The LP relaxation's optimum (a valid bound); -inf if not solved."""
-    relaxed = Milp()
-    relaxed.lb, relaxed.ub, relaxed.cost, relaxed.rows = m.lb, m.ub, m.cost, m.rows
-    relaxed.integer = [False] * len(m.lb)
-    sol = solve(relaxed, seconds)
+    sol = solve(m.relaxed(), seconds)
     return sol.objective if sol.status == "optimal" else -math.inf
 
 

@@ -29,6 +29,14 @@ class Milp:
         idx = [k for k, v in terms.items() if v != 0.0]
         self.rows.append((idx, [terms[k] for k in idx], lo, hi))
 
+    def relaxed(self) -> "Milp":
+        """The LP relaxation: the same columns and rows (shared, not copied), none
+        of them integer."""
+        lp = Milp()
+        lp.lb, lp.ub, lp.cost, lp.rows = self.lb, self.ub, self.cost, self.rows
+        lp.integer = [False] * len(self.lb)
+        return lp
+
     @property
     def nonzeros(self) -> int:
         return sum(len(r[0]) for r in self.rows)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import time
-from copy import copy
 
 from snsim.policies.optimal import child
 from snsim.policies.optimal.formulation import Formulation
@@ -98,9 +97,7 @@ def suffix_bound(f: Formulation, seconds: float, stats: dict | None = None,
         n = min(n, K)
         if n not in made:   # 1.1 s for ResNet-152 b32's 1.8M rows
             made[n] = suffix_milp(f, K - n, of)
-        sub = copy(made[n])
-        if relax:
-            sub.integer = [False] * len(sub.lb)
+        sub = made[n].relaxed() if relax else made[n]
         left = seconds - (time.perf_counter() - t0)
         share = 1.0 if i == len(tries) - 1 else SHARE
         # in a child killed at the limit: HiGHS's presolve of a suffix's MILP
