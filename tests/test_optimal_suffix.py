@@ -20,7 +20,8 @@ from snsim.policies import optimal  # noqa: E402
 from snsim.policies.optimal import capped, heuristic_plans  # noqa: E402
 from snsim.policies.optimal.formulation import build  # noqa: E402
 from snsim.policies.optimal.solve import solve  # noqa: E402
-from snsim.policies.optimal.suffix import stages, suffix_bound, suffix_milp  # noqa: E402
+from snsim.policies.optimal.suffix import (  # noqa: E402
+    split_bound, stages, suffix_bound, suffix_milp)
 from test_optimal import SLOW, chain4, chain5, residual  # noqa: E402
 from test_optimal_bound import random_graphs  # noqa: E402
 
@@ -105,7 +106,7 @@ def test_capped_bounds_a_large_model_by_its_suffixes(monkeypatch):
     chain5 on the slow link at 440 (optimum 9 ms, test_optimal): told a plan
     runs at 8.9 ms no suffix reaches it and the class has plans (status
     ``cutoff``, the bound the cutoff); told 9.5 ms, the bound is the class
-    optimum (status ``suffix-bound``, no plan of its own); below the lower
+    optimum (status ``split-bound``, no plan of its own); below the lower
     bound the class is empty (``infeasible``, bound 0)."""
     monkeypatch.setattr(optimal, "SUFFIX_NONZEROS", 0)
     g = Graph(chain5(SLOW))
@@ -115,7 +116,7 @@ def test_capped_bounds_a_large_model_by_its_suffixes(monkeypatch):
     assert sol.bound == pytest.approx(8.9 - g.optimizer_ms, abs=1e-9)
     st: dict = {}
     sol, _ = capped(g, 440, None, 20.0, plans, st, 9.5)
-    assert sol.status == "suffix-bound" and sol.values is None
+    assert sol.status == "split-bound" and sol.values is None
     assert sol.bound + g.optimizer_ms == pytest.approx(9.0, abs=1e-6)
     assert st["suffix_steps"] == len(g.route)
     sol, _ = capped(g, g.lower_bound_bytes - 1, None, 20.0, [], {}, 100.0)
@@ -137,3 +138,64 @@ def test_resnet50_suffix_proves_the_cutoff_where_the_full_model_is_unsolved():
     sol = solve(suffix_milp(f, K - 40, of).relaxed(), 60)
     assert sol.status == "optimal" and sol.objective < 1.0509 * g.compute_ms
     assert solve(suffix_milp(f, K - 80, of).relaxed(), 120).status == "infeasible"
+
+
+def check_splits(g, budget) -> int:
+    """The stage windows' sum (``split_bound``) at every span is at most the
+    class optimum, uncapped and capped at it, equal to it with one window
+    over the whole route; how
+    often it is above the last window alone (the suffix of the same span):
+    the windows before the last said something."""
+    opt = class_optimum(g, budget)
+    f = build(g, budget)
+    K = len(g.route)
+    of = stages(f)
+    above = 0
+    for span in range(1, K + 1):
+        st: dict = {}
+        b, none = split_bound(f, 60.0, st, span=span)
+        if none:
+            assert math.isinf(opt), (budget, span)
+            continue
+        assert b <= opt + EPS, (budget, span, b, opt)
+        assert st["suffix_steps"] == K
+        if span == K:
+            assert b == pytest.approx(opt, abs=EPS)
+        last = solve(suffix_milp(f, K - span, of), 20)
+        above += last.status == "optimal" and b > last.objective + 1e-3
+        # capped at the optimum, no span may call the class empty (the sum's
+        # test against the cap included)
+        b, none = split_bound(build(g, budget, cutoff=opt + 1e-6), 60.0, span=span)
+        assert not none and b <= opt + EPS, (budget, span, b, opt)
+    return above
+
+
+@pytest.mark.parametrize("trace, device", [(chain5, None), (chain5, SLOW), (residual, None)])
+def test_stage_windows_add_up_to_a_bound_on_the_class(trace, device):
+    g = Graph(trace() if device is None else trace(device))
+    lb = g.lower_bound_bytes
+    for budget in (lb, int(lb * 1.1)):
+        check_splits(g, budget)
+
+
+def test_stage_windows_bound_the_class_on_random_dags():
+    above = 0
+    for seed, g in random_graphs(12):
+        lb = g.lower_bound_bytes
+        for budget in (lb, int(lb * 1.2)):
+            above += check_splits(g, budget)
+    assert above > 5   # the earlier windows add time the last one leaves out
+
+
+def test_stage_windows_capped_below_the_optimum_prove_it():
+    """One window over the whole route is the capped model itself: below the
+    optimum it has no solution; at it, the bound is the optimum."""
+    g = Graph(chain5(SLOW))
+    budget = int(g.lower_bound_bytes * 1.1)
+    opt = class_optimum(g, budget)
+    K = len(g.route)
+    assert split_bound(build(g, budget, cutoff=opt - 1e-3), 20.0, span=K) == (math.inf, True)
+    st: dict = {}
+    b, none = split_bound(build(g, budget, cutoff=opt + 1e-6), 20.0, st, span=K)
+    assert not none and b == pytest.approx(opt, abs=EPS)
+    assert st["suffix_windows"] and st["suffix_windows"][0][:2] == [0, K]

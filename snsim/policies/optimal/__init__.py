@@ -19,8 +19,9 @@ With a heuristic plan, the MILP is searched only for faster plans
 (:func:`capped`: its time caps the makespan; status ``cutoff`` when the
 class has none).  A capped model of ``SUFFIX_NONZEROS`` or more (the
 ResNets, Inception-v4: HiGHS does not solve its root LP within the limit)
-is bounded by the rows of its last stages instead (:mod:`.suffix`, status
-``suffix-bound``, or ``cutoff`` where they have no solution).
+is bounded by its stage windows' rows instead, their least times added up
+(:mod:`.suffix`, status ``split-bound``, or ``cutoff`` where they leave no
+plan that fast).
 
 The plan returned is never worse than the heuristics: the best feasible plan
 of ``superneurons``, ``dtr``, ``utp``, ``cost-aware`` and ``liveness`` (by
@@ -48,9 +49,9 @@ bound on what any schedule could gain.
 The time limit (note 2) is a deadline for the whole plan, not only the
 solver's: the heuristics, variants, polish, tail splice (:mod:`.tail`)
 and the moment and window bounds take their shares of it (``*_SHARE``;
-time the MILP leaves unused goes to the window bound again), the MILP's search ends ``RESERVE_S`` (at most
-``RESERVE_SHARE`` of the limit) before it, leaving that to decode and
-polish the MILP's plan, and the polish gets only what is left.  HiGHS checks
+time the MILP leaves unused goes to the window bound again), the MILP's
+search ends ``RESERVE_S`` (at most ``RESERVE_SHARE`` of the limit) before
+it, leaving that to decode and polish the MILP's plan, and the polish gets only what is left.  HiGHS checks
 its own limit only where it calls its interrupt callbacks, not in its
 presolve (ResNet-101 b16 at 1.5x: 20-45 s past it), so a large model's
 search runs in a child process killed at its deadline (:mod:`.child`,
@@ -61,6 +62,15 @@ bound it reported.  A model whose build (``BUILD_S_PER_COLUMN`` per
 is not built (status ``not-built: no time left ...``).
 What is not cut short: the heuristics' own planning and a build slower
 than guessed.
+
+Beside the heuristics (note 3, :mod:`.beside`).  Where ``os.fork`` exists,
+a child process builds the model capped at the fastest heuristic plan's
+time as soon as the heuristics have planned, and, where it has
+``SUFFIX_NONZEROS`` or more, bounds it by its stage windows until the
+MILP's deadline, on a second core while this process polishes, splices
+and works out the bounds every schedule obeys; the search then starts
+from its result (a smaller model is searched here as before).  On one
+core the two share it, and the deadline holds all the same.
 """
 
 from __future__ import annotations
@@ -74,6 +84,7 @@ from snsim.policies import register
 from snsim.policies import replay
 from snsim.policies.base import PlanContext
 from snsim.policies.finishing import finish
+from snsim.policies.optimal import beside, child
 from snsim.policies.optimal.bound import moment_bound
 from snsim.policies.optimal.window import TAILS, window_bound
 from snsim.policies.optimal.decode import decode
@@ -81,7 +92,7 @@ from snsim.policies.optimal.formulation import build, warm_start
 from snsim.policies.polish import polish
 from snsim.policies.optimal.solve import Solution, highs, solve
 from snsim.policies.optimal.start import plan_start
-from snsim.policies.optimal.suffix import suffix_bound
+from snsim.policies.optimal.suffix import split_bound, suffix_bound
 from snsim.policies.optimal.tail import best_tail
 from snsim.policies.optimal.variants import best_variant
 from snsim.schedule.ops import Schedule
@@ -113,6 +124,7 @@ MIN_SOLVE_SHARE = 0.1  # ... (at most this share of the time limit)
 SUFFIX_NONZEROS = 500_000   # a capped model this large is bounded by its last stages (.suffix)
 SUFFIX_EMPTY_SHARE = 0.25   # of the time left, to ask whether the class has any plan ...
 EMPTY_TRIES = ((40, True),)   # ... from its last stages' LP relaxation
+BESIDE = True   # a large model's split bound worked out beside the heuristics (note 3)
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -209,18 +221,20 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
     model in the time left); otherwise ``infeasible`` as before (an empty
     class bounds nothing; so it is when less than ``need_s`` is
     left to build and search the uncapped model: status ``time-limit``).
-    A model of ``SUFFIX_NONZEROS`` or more is not searched: its last stages'
-    rows bound it (:func:`.suffix.suffix_bound`: status ``suffix-bound``, or
-    the above where they have no solution), and an uncapped model's last
-    stages' LP without a solution shows the class empty (``infeasible``)."""
+    A model of ``SUFFIX_NONZEROS`` or more is not searched: the rows of each
+    window of its stages bound that window's time, and the windows' bounds
+    add up (:func:`.suffix.split_bound`: status ``split-bound``, or the above
+    where they leave no plan within the cutoff), and an uncapped model's
+    last stages' LP without a solution shows the class empty
+    (``infeasible``)."""
     t0 = time.perf_counter()
     left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     route = cutoff - g.optimizer_ms   # the model prices the route
     form = build(g, cap, window, cutoff=route)
     if form.milp.nonzeros >= SUFFIX_NONZEROS:
-        # too large to solve its root LP in time: its last stages bound it (.suffix)
-        bound, none = suffix_bound(form, left(), stats)
-        sol = Solution("infeasible" if none else "suffix-bound", None, math.inf,
+        # too large to solve its root LP in time: its stage windows bound it (.suffix)
+        bound, none = split_bound(form, left(), stats)
+        sol = Solution("infeasible" if none else "split-bound", None, math.inf,
                        0.0 if none else bound, time.perf_counter() - t0)
     else:
         mapped = [(name, plan_start(form, s.ops)) for _, name, s in plans]
@@ -228,6 +242,18 @@ def capped(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
         sol = solve(form.milp, left(), starts=[st for _, st in mapped])
         if sol.start_taken is not None and stats is not None:
             stats["milp_start"] = mapped[sol.start_taken][0]
+    return settle(g, cap, window, left(), plans, route, need_s, sol, form)
+
+
+def settle(g: Graph, cap: int, window: int | None, seconds: float, plans: list,
+           route: float, need_s: float, sol: Solution, form):
+    """(solution, formulation) of :func:`capped` from the capped model's
+    ``sol`` (``form`` its model, or None where it was solved elsewhere):
+    its bound no higher than ``route`` (the cutoff, ms of the route); where
+    it has no solution, whether the class has any plan (the uncapped model,
+    within ``seconds``): ``cutoff`` if so, ``infeasible`` if not."""
+    t0 = time.perf_counter()
+    left = lambda: max(0.1, seconds - (time.perf_counter() - t0))  # noqa: E731
     if sol.status != "infeasible":
         return Solution(sol.status, sol.values, sol.objective, min(sol.bound, route),
                         sol.solve_s, sol.start_taken), form
@@ -266,6 +292,32 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
                         f"the budget ({cap} bytes) is below the lower bound "
                         f"({g.lower_bound_bytes} bytes): no schedule fits")
     plans = heuristic_plans(ctx)
+    cols = columns_estimate(g)
+    window = None if cols <= FLAT_LIMIT else WINDOW
+    reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)
+    bg = None
+    if (BESIDE and plans and child.available() and cols <= MAX_COLUMNS
+            and plans[0][0] > trivial * (1 + 1e-12)):
+        # the class's split bound, beside the heuristics' work (.beside, note 3)
+        try:
+            bg = beside.start(g, cap, window, plans[0][0] - g.optimizer_ms,
+                              SUFFIX_NONZEROS, ends - reserve)
+        except child.ForkFailed:
+            bg = None
+    try:
+        return plan_rest(ctx, plans, stats, t0, ends, reserve, window, cols, bg)
+    finally:
+        if bg is not None:
+            bg.cancel()
+
+
+def plan_rest(ctx: PlanContext, plans: list, stats: dict, t0: float, ends: float,
+              reserve: float, window: int | None, cols: int, bg) -> Schedule:
+    """:func:`plan_optimal` after the heuristics planned (``bg``: the child
+    working out the split bound, or None)."""
+    g, cap = ctx.graph, ctx.capacity_bytes
+    time_limit = ends - t0
+    trivial = stats["compute_bound_ms"]
     polish_s = min(POLISH_S, POLISH_SHARE * time_limit)
     if plans:
         ms, name, s = plans[0]
@@ -289,8 +341,6 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
             label += "+tail" if tail is not None else ""
             plans.insert(0, (ms, label, Schedule(name, ops, ctx.budget_bytes)))
     heur = plans[0] if plans else None
-    cols = columns_estimate(g)
-    reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)
     need = BUILD_S_PER_COLUMN * cols + min(MIN_SOLVE_S, MIN_SOLVE_SHARE * time_limit)
     sol = milp_ops = None
     every = trivial   # a bound every schedule obeys (the compute bound, or a moment's)
@@ -308,10 +358,24 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
         stats["status"] = f"optimal: a heuristic plan runs at the {which} bound"
     elif cols > MAX_COLUMNS:
         stats["status"] = "not-built: model too large (note 1)"
+    elif (split := beside.collect(bg, ends - reserve) if bg is not None else None) is not None \
+            and not split.small:
+        # bounded beside the heuristics (note 3): no model here
+        if window is not None:
+            stats["prefetch_window"] = window
+        stats.update(split.stats)
+        first = Solution("infeasible" if split.none else
+                         "split-bound" if split.done else "time-limit",
+                         None, math.inf, 0.0 if split.none else split.bound,
+                         time.perf_counter() - t0)
+        sol, form = settle(g, cap, window, ends - reserve - time.perf_counter(), plans,
+                           heur[0] - g.optimizer_ms, need, first, None)
+        stats["milp_columns"] = len(form.milp.lb) if form is not None else split.columns
+        stats["milp_rows"] = len(form.milp.rows) if form is not None else split.rows
+        stats["status"] = sol.status
     elif ends - reserve - time.perf_counter() < need:
         stats["status"] = "not-built: no time left to build the model (note 2)"
     else:
-        window = None if cols <= FLAT_LIMIT else WINDOW
         if window is not None:
             stats["prefetch_window"] = window
         sol, form = two_phase(g, cap, window, ends - reserve - time.perf_counter(), plans,

@@ -8,6 +8,8 @@ limit.  A child process can be stopped anywhere: :func:`supervise` forks,
 the child runs ``work(channel)`` and reports through ``channel`` what it has
 as it goes (an incumbent, a bound), and the parent reads those reports until
 the child's final one or the deadline, then kills and reaps the child.
+:func:`start` returns at once instead, and the parent collects the reports
+later (:class:`Running`): work done beside the parent's own.
 
 ``os.fork`` rather than :mod:`multiprocessing`: the experiments plan inside
 daemonic worker processes, which ``multiprocessing.Process`` refuses to start
@@ -117,6 +119,49 @@ def supervise(work, deadline: float) -> Outcome:
     ``time.perf_counter()`` reaches ``deadline``; the child is killed (SIGKILL)
     and reaped before this returns, whatever happens (an exception, Ctrl-C).
     :class:`ForkFailed` when no child could be started."""
+    return start(work).collect(deadline)
+
+
+class Running:
+    """A child started by :func:`start`, working while the parent goes on:
+    :meth:`collect` its reports (then it is killed and reaped), or
+    :meth:`cancel` it.  Use it as a context manager so that an exception or a
+    Ctrl-C in the parent meanwhile kills it too."""
+
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd = pid, fd
+        self.started = time.perf_counter()
+        self.closed = False
+
+    def collect(self, deadline: float) -> Outcome:
+        """The child's reports until its final one or ``deadline``; it is
+        killed and reaped before this returns."""
+        out = Outcome(pid=self.pid)
+        try:
+            read_reports(self.fd, deadline, out)
+        finally:
+            self.cancel()
+        return out
+
+    def cancel(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+            stop(self.pid)
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+
+def start(work) -> Running:
+    """Fork a child that runs ``work(channel)`` (:func:`child_main`) and
+    return at once; the parent reads its reports with
+    :meth:`Running.collect`.  A child writes its reports into a pipe, which
+    holds 64 KB: one that reports more than that before the parent reads
+    waits for it.  :class:`ForkFailed` when no child could be started."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
@@ -135,15 +180,14 @@ def supervise(work, deadline: float) -> Outcome:
     if pid == 0:
         os.close(read_fd)
         child_main(work, write_fd, parent)
-    out = Outcome(pid=pid)
+    running = Running(pid, read_fd)
     try:
         os.close(write_fd)
         held()   # a Ctrl-C during the fork is raised here, where the child is killed
-        read_reports(read_fd, deadline, out)
-    finally:
-        os.close(read_fd)
-        stop(pid)
-    return out
+    except BaseException:
+        running.cancel()
+        raise
+    return running
 
 
 def hold_ctrl_c():
