@@ -51,10 +51,10 @@ solver's: the heuristics, variants, polish, tail splice (:mod:`.tail`)
 and the moment and window bounds take their shares of it (``*_SHARE``;
 time the MILP leaves unused goes to the window bound again), the MILP's
 search ends ``RESERVE_S`` (at most ``RESERVE_SHARE`` of the limit) before
-it, leaving that to decode and polish the MILP's plan, and the polish gets only what is left.  HiGHS checks
-its own limit only where it calls its interrupt callbacks, not in its
-presolve (ResNet-101 b16 at 1.5x: 20-45 s past it), so a large model's
-search runs in a child process killed at its deadline (:mod:`.child`,
+it, leaving that to decode and polish the MILP's plan, and the polish gets
+only what is left.  HiGHS checks its own limit only where it calls its
+interrupt callbacks, not in its presolve (ResNet-101 b16 at 1.5x: 20-45 s
+past it), so a large model's search runs in a child process killed at its deadline (:mod:`.child`,
 :func:`.solve.isolated`): status ``time-limit``, the last incumbent and dual
 bound it reported.  A model whose build (``BUILD_S_PER_COLUMN`` per
 :func:`columns_estimate` column, a high guess) would not leave
@@ -305,19 +305,19 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
         except child.ForkFailed:
             bg = None
     try:
-        return plan_rest(ctx, plans, stats, t0, ends, reserve, window, cols, bg)
+        return plan_rest(ctx, plans, stats, trivial, t0, time_limit, reserve, window, cols, bg)
     finally:
         if bg is not None:
             bg.cancel()
 
 
-def plan_rest(ctx: PlanContext, plans: list, stats: dict, t0: float, ends: float,
-              reserve: float, window: int | None, cols: int, bg) -> Schedule:
-    """:func:`plan_optimal` after the heuristics planned (``bg``: the child
-    working out the split bound, or None)."""
+def plan_rest(ctx: PlanContext, plans: list, stats: dict, trivial: float, t0: float,
+              time_limit: float, reserve: float, window: int | None, cols: int,
+              bg) -> Schedule:
+    """:func:`plan_optimal` after the heuristics planned (``trivial``: the
+    compute bound; ``bg``: the child working out the split bound, or None)."""
     g, cap = ctx.graph, ctx.capacity_bytes
-    time_limit = ends - t0
-    trivial = stats["compute_bound_ms"]
+    ends = t0 + time_limit
     polish_s = min(POLISH_S, POLISH_SHARE * time_limit)
     if plans:
         ms, name, s = plans[0]

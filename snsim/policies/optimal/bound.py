@@ -58,7 +58,8 @@ class Moments:
         self.rc = {}   # layer -> its fastest recomputation
         for j, layer in enumerate(g.layers):
             if layer.kind != "data":
-                self.rc[j] = min(g.step_ms(("R", j), a) for a in range(max(1, len(layer.workspace))))
+                self.rc[j] = min(g.step_ms(("R", j), a)
+                                 for a in range(max(1, len(layer.workspace))))
         # earliest a forward tensor can exist: every ancestor layer (and its own)
         # computed once, serially on the compute stream
         anc: list[set] = []

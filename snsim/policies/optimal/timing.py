@@ -15,7 +15,8 @@ from snsim.policies.optimal.milp import add
 
 
 def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
-    """Add the time rows to ``f.milp`` (``f``: the :class:`.formulation.Formulation`); ``r_at``/``p_at``: stage -> [(layer or
+    """Add the time rows to ``f.milp`` (``f``: the
+    :class:`.formulation.Formulation`); ``r_at``/``p_at``: stage -> [(layer or
     tensor, column)] of candidate recomputations / prefetches in issue order."""
     g, m = f.graph, f.milp
     n, route = g.n, g.route
