@@ -54,12 +54,29 @@ def test_collect_keeps_the_last_sum_of_a_killed_child():
         channel.send("bound", 2.5)
         time.sleep(30)
     t = time.perf_counter()
-    got = beside.collect(child.start(work), time.perf_counter() + 0.5)
+    bs = beside.Beside(10.0)
+    bs.running = child.start(work)
+    got = beside.collect(bs, time.perf_counter() + 0.5)
     assert time.perf_counter() - t < 2.0
-    assert not got.done and not got.small and not got.none
+    assert not got.done and not got.small and got.status == "time-limit"
     assert got.bound == 2.5 and (got.columns, got.rows) == (3, 2)
-    assert beside.collect(child.start(lambda channel: time.sleep(30)),
-                          time.perf_counter() + 0.2) is None
+    bs.running = child.start(lambda channel: time.sleep(30))
+    assert beside.collect(bs, time.perf_counter() + 0.2) is None
+
+
+@posix
+def test_the_child_reads_the_cutoff_the_parent_tightens():
+    bs = beside.Beside(5.0)
+
+    def work(channel):
+        ends = time.perf_counter() + 5.0
+        while bs.cutoff() == 5.0 and time.perf_counter() < ends:
+            time.sleep(0.01)
+        return bs.cutoff()
+    bs.running = child.start(work)
+    bs.tighten(3.0)
+    out = bs.running.collect(time.perf_counter() + 10.0)
+    assert out.done and out.final == 3.0
 
 
 @posix
@@ -102,3 +119,33 @@ def test_a_large_model_is_bounded_beside_within_the_limit():
     assert math.isfinite(st["bound_ms"]) and st["bound_ms"] >= st["schedule_bound_ms"]
     assert 0.0 <= st["optimality_gap"] < 0.2 and st["suffix_s"] > 0
     assert children() == before
+
+
+@posix
+def test_the_child_asks_whether_the_class_has_a_plan():
+    """chain5 on the slow link at 440 bytes (optimum 9 ms, test_optimal),
+    bounded in the child: capped at 8.9 ms the windows leave no plan and the
+    class has one (``cutoff``, the bound the cap); capped at 9.5 ms the bound
+    is the optimum (``split-bound``); below the lower bound the class is
+    empty (``infeasible``)."""
+    from snsim.policies.optimal import heuristic_plans, settle
+
+    g = Graph(chain5(SLOW))
+
+    def run(cap, cutoff):
+        plans = heuristic_plans(PlanContext(g, cap)) if cap >= g.lower_bound_bytes else []
+        route = cutoff - g.optimizer_ms
+
+        def then(sol, seconds, route):
+            return settle(g, cap, None, seconds, plans, route, 0.0, sol, None)[0]
+        ends = time.perf_counter() + 20.0
+        return beside.collect(beside.start(g, cap, None, route, 0, ends, 5.0, then), ends + 1)
+
+    got = run(440, 8.9)
+    assert got.done and got.status == "cutoff"
+    assert got.bound == pytest.approx(8.9 - g.optimizer_ms, abs=1e-9)
+    got = run(440, 9.5)
+    assert got.done and got.status == "split-bound"
+    assert got.bound == pytest.approx(9.0 - g.optimizer_ms, abs=1e-6)
+    got = run(g.lower_bound_bytes - 1, 100.0)
+    assert got.done and got.status == "infeasible" and got.bound == 0.0

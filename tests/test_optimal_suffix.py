@@ -199,3 +199,18 @@ def test_stage_windows_capped_below_the_optimum_prove_it():
     b, none = split_bound(build(g, budget, cutoff=opt + 1e-6), 20.0, st, span=K)
     assert not none and b == pytest.approx(opt, abs=EPS)
     assert st["suffix_windows"] and st["suffix_windows"][0][:2] == [0, K]
+
+
+def test_a_tightened_limit_turns_the_sum_into_a_proof():
+    """chain5 on the slow link at 1.1x, capped at the optimum plus 1 ms: the
+    one window's bound is the optimum; told meanwhile that a plan runs 1 ms
+    under the optimum (``limit``), the same sum proves no plan of the class
+    is that fast."""
+    g = Graph(chain5(SLOW))
+    budget = int(g.lower_bound_bytes * 1.1)
+    opt = class_optimum(g, budget)
+    K = len(g.route)
+    f = build(g, budget, cutoff=opt + 1.0)
+    b, none = split_bound(f, 20.0, span=K, limit=lambda: opt + 0.5)
+    assert not none and b == pytest.approx(opt, abs=EPS)
+    assert split_bound(f, 20.0, span=K, limit=lambda: opt - 1.0) == (math.inf, True)

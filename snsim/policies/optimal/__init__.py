@@ -68,8 +68,11 @@ a child process builds the model capped at the fastest heuristic plan's
 time as soon as the heuristics have planned, and, where it has
 ``SUFFIX_NONZEROS`` or more, bounds it by its stage windows until the
 MILP's deadline, on a second core while this process polishes, splices
-and works out the bounds every schedule obeys; the search then starts
-from its result (a smaller model is searched here as before).  On one
+and works out the bounds every schedule obeys (where the windows leave
+no plan within that time, the child asks in its last ``PROBE_SHARE`` of
+the limit whether the class has a plan at all, as :func:`settle` does);
+this process takes its result where it would have built the model (a
+smaller model is searched here as before).  On one
 core the two share it, and the deadline holds all the same.
 """
 
@@ -124,7 +127,10 @@ MIN_SOLVE_SHARE = 0.1  # ... (at most this share of the time limit)
 SUFFIX_NONZEROS = 500_000   # a capped model this large is bounded by its last stages (.suffix)
 SUFFIX_EMPTY_SHARE = 0.25   # of the time left, to ask whether the class has any plan ...
 EMPTY_TRIES = ((40, True),)   # ... from its last stages' LP relaxation
-BESIDE = True   # a large model's split bound worked out beside the heuristics (note 3)
+BESIDE = True   # a large model's split bound worked out beside the heuristics (note 3) ...
+PROBE_SHARE = 0.15   # ... its last part (twice the build guess, at most this share of the
+                     # limit) to ask whether the class has a plan, where the windows leave none
+                     # within the cutoff
 
 
 def compute_bound_ms(g: Graph) -> float:
@@ -295,17 +301,23 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     cols = columns_estimate(g)
     window = None if cols <= FLAT_LIMIT else WINDOW
     reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)
+    need = BUILD_S_PER_COLUMN * cols + min(MIN_SOLVE_S, MIN_SOLVE_SHARE * time_limit)
     bg = None
     if (BESIDE and plans and child.available() and cols <= MAX_COLUMNS
             and plans[0][0] > trivial * (1 + 1e-12)):
         # the class's split bound, beside the heuristics' work (.beside, note 3)
+        first = plans[0][0] - g.optimizer_ms   # the model prices the route
+
+        def then(sol: Solution, seconds: float, route: float) -> Solution:
+            return settle(g, cap, window, seconds, plans, route, need, sol, None)[0]
         try:
-            bg = beside.start(g, cap, window, plans[0][0] - g.optimizer_ms,
-                              SUFFIX_NONZEROS, ends - reserve)
+            bg = beside.start(g, cap, window, first, SUFFIX_NONZEROS, ends - reserve,
+                              min(2 * need, PROBE_SHARE * time_limit), then)
         except child.ForkFailed:
             bg = None
     try:
-        return plan_rest(ctx, plans, stats, trivial, t0, time_limit, reserve, window, cols, bg)
+        return plan_rest(ctx, plans, stats, trivial, t0, time_limit, reserve, window, cols,
+                         need, bg)
     finally:
         if bg is not None:
             bg.cancel()
@@ -313,9 +325,10 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
 
 def plan_rest(ctx: PlanContext, plans: list, stats: dict, trivial: float, t0: float,
               time_limit: float, reserve: float, window: int | None, cols: int,
-              bg) -> Schedule:
+              need: float, bg) -> Schedule:
     """:func:`plan_optimal` after the heuristics planned (``trivial``: the
-    compute bound; ``bg``: the child working out the split bound, or None)."""
+    compute bound; ``need``: a guess of a model's build and least search
+    time; ``bg``: the child working out the split bound, or None)."""
     g, cap = ctx.graph, ctx.capacity_bytes
     ends = t0 + time_limit
     polish_s = min(POLISH_S, POLISH_SHARE * time_limit)
@@ -340,8 +353,9 @@ def plan_rest(ctx: PlanContext, plans: list, stats: dict, trivial: float, t0: fl
             label = f"{name}+polish" if undone or got is not None else name
             label += "+tail" if tail is not None else ""
             plans.insert(0, (ms, label, Schedule(name, ops, ctx.budget_bytes)))
+            if bg is not None:
+                bg.tighten(ms - g.optimizer_ms)
     heur = plans[0] if plans else None
-    need = BUILD_S_PER_COLUMN * cols + min(MIN_SOLVE_S, MIN_SOLVE_SHARE * time_limit)
     sol = milp_ops = None
     every = trivial   # a bound every schedule obeys (the compute bound, or a moment's)
     if heur is None or heur[0] > trivial * (1 + 1e-12):
@@ -364,14 +378,13 @@ def plan_rest(ctx: PlanContext, plans: list, stats: dict, trivial: float, t0: fl
         if window is not None:
             stats["prefetch_window"] = window
         stats.update(split.stats)
-        first = Solution("infeasible" if split.none else
-                         "split-bound" if split.done else "time-limit",
-                         None, math.inf, 0.0 if split.none else split.bound,
-                         time.perf_counter() - t0)
-        sol, form = settle(g, cap, window, ends - reserve - time.perf_counter(), plans,
-                           heur[0] - g.optimizer_ms, need, first, None)
-        stats["milp_columns"] = len(form.milp.lb) if form is not None else split.columns
-        stats["milp_rows"] = len(form.milp.rows) if form is not None else split.rows
+        # a cutoff proved (the class has plans, none within the cutoff the
+        # child read) holds for the returned plan's time, no slower; a sum
+        # of the windows above that time is no proof (the class may be empty)
+        bound = (min(split.bound, heur[0] - g.optimizer_ms) if split.status == "cutoff"
+                 else split.bound)
+        sol = Solution(split.status, None, math.inf, bound, time.perf_counter() - t0)
+        stats["milp_columns"], stats["milp_rows"] = split.columns, split.rows
         stats["status"] = sol.status
     elif ends - reserve - time.perf_counter() < need:
         stats["status"] = "not-built: no time left to build the model (note 2)"

@@ -173,7 +173,7 @@ def window_milp(f: Formulation, a: int, b: int, rows: list[int]) -> Milp:
 
 
 def split_bound(f: Formulation, seconds: float, stats: dict | None = None,
-                span: int = SPAN, progress=None) -> tuple[float, bool]:
+                span: int = SPAN, progress=None, limit=None) -> tuple[float, bool]:
     """(bound, infeasible): a lower bound on the makespan of every plan of
     ``f``'s class, from its stages split into windows of ``span`` stages.
     Each window's rows (:func:`window_milp`) are a relaxation, so the
@@ -190,12 +190,14 @@ def split_bound(f: Formulation, seconds: float, stats: dict | None = None,
     45.1 ms above their fastest steps in 22 s, 46.3 in 113 s; the 80 before
     them 2.1 from the LP, 4.2 in 25 s).
     ``infeasible``: a window without a solution, or the sum above the
-    model's makespan bound (the capped model's cutoff): no plan of the
-    class reaches it (bound ``inf``).  ``stats`` gets ``suffix_steps``
+    model's makespan bound (the capped model's cutoff) or ``limit()``: no
+    plan of the class reaches it (bound ``inf``).  ``stats`` gets ``suffix_steps``
     (the stages of the windows whose LP was solved), ``suffix_windows`` ([first stage,
     last stage, ms above their fastest steps] of each window that says more
     than that) and ``suffix_s``; ``progress(bound)`` is called with the sum
-    each time it grows (a parent that kills the work keeps the last)."""
+    each time it grows and stays within the cap (a parent that kills the
+    work keeps the last); ``limit()``, where given, a cap (ms) no looser
+    than the model's that may tighten meanwhile (a faster plan found)."""
     t0 = time.perf_counter()
     left = lambda: seconds - (time.perf_counter() - t0)  # noqa: E731
     K = len(f.T) - 1
@@ -216,11 +218,15 @@ def split_bound(f: Formulation, seconds: float, stats: dict | None = None,
         if relax and sol.status != "optimal":
             return False   # an LP stopped short bounds nothing
         got = sol.objective if relax else sol.bound
-        if got > best[w]:
-            best[w] = got
-            if progress is not None:
-                progress(sum(best.values()))
-        return sum(best.values()) > cap * (1 + 1e-9) + 1e-6
+        if got <= best[w]:
+            return False
+        best[w] = got
+        now = cap if limit is None else min(cap, limit())
+        if sum(best.values()) > now * (1 + 1e-9) + 1e-6:
+            return True
+        if progress is not None:
+            progress(sum(best.values()))
+        return False
 
     def run(sub: Milp, limit: float) -> Solution:
         # in a child killed at the limit: HiGHS's presolve does not read its own
