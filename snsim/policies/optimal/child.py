@@ -125,8 +125,8 @@ def supervise(work, deadline: float) -> Outcome:
 class Running:
     """A child started by :func:`start`, working while the parent goes on:
     :meth:`collect` its reports (then it is killed and reaped), or
-    :meth:`cancel` it.  Use it as a context manager so that an exception or a
-    Ctrl-C in the parent meanwhile kills it too."""
+    :meth:`cancel` it (from a ``finally``, so that an exception or a Ctrl-C
+    in the parent meanwhile kills it too)."""
 
     def __init__(self, pid: int, fd: int):
         self.pid, self.fd = pid, fd
@@ -148,12 +148,6 @@ class Running:
             self.closed = True
             os.close(self.fd)
             stop(self.pid)
-
-    def __enter__(self) -> "Running":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.cancel()
 
 
 def start(work) -> Running:

@@ -74,13 +74,19 @@ def suffix_milp(f: Formulation, first: int, of: dict[int, int] | None = None) ->
     m = f.milp
     of = stages(f) if of is None else of
     rows = [r for r in m.rows if all(of.get(c, first) >= first for c in r[0])]
-    cols = sorted({c for r in rows for c in r[0]} | {f.Z})
+    return restricted(m, rows, {f.Z})[0]
+
+
+def restricted(m: Milp, rows: list, keep: set) -> tuple[Milp, dict[int, int]]:
+    """``m``'s ``rows`` over the columns they use and those in ``keep``
+    (bounds, costs and integrality kept), and each column's index there."""
+    cols = sorted({c for r in rows for c in r[0]} | keep)
     new = {c: i for i, c in enumerate(cols)}
     sub = Milp()
     for c in cols:
         sub.var(m.lb[c], m.ub[c], m.cost[c], m.integer[c])
     sub.rows = [([new[c] for c in idx], list(val), lo, hi) for idx, val, lo, hi in rows]
-    return sub
+    return sub, new
 
 
 def suffix_bound(f: Formulation, seconds: float, stats: dict | None = None,
@@ -157,18 +163,12 @@ def window_milp(f: Formulation, a: int, b: int, rows: list[int]) -> Milp:
     """``f``'s model's ``rows`` (:func:`window_rows` of stages ``a`` ...
     ``b``) over the columns they use (bounds and integrality kept),
     minimising ``T_b - T_a`` (``Z - T_a`` where ``b`` is the route's end)."""
-    m = f.milp
     K = len(f.T) - 1
-    picked = [m.rows[i] for i in rows]
     top = f.Z if b == K else f.T[b]
-    cols = sorted({c for r in picked for c in r[0]} | {f.T[a], top})
-    new = {c: i for i, c in enumerate(cols)}
-    sub = Milp()
-    for c in cols:
-        sub.var(m.lb[c], m.ub[c], 0.0, m.integer[c])
+    sub, new = restricted(f.milp, [f.milp.rows[i] for i in rows], {f.T[a], top})
+    sub.cost = [0.0] * len(sub.lb)
     sub.cost[new[top]] = 1.0
     sub.cost[new[f.T[a]]] = -1.0   # T_0 is fixed at 0
-    sub.rows = [([new[c] for c in idx], list(val), lo, hi) for idx, val, lo, hi in picked]
     return sub
 
 
@@ -185,16 +185,16 @@ def split_bound(f: Formulation, seconds: float, stats: dict | None = None,
     where the time left allows its size (``LP_NONZEROS_PER_S``); then the
     MILPs of those whose LP said more than their fastest steps, largest
     first (then those whose LP the time cut short), each given an equal
-    part of the time left (a MILP's bound grows
-    fast at first, then slowly: ResNet-50 b32 at 1.25x, the last 80 stages
-    45.1 ms above their fastest steps in 22 s, 46.3 in 113 s; the 80 before
-    them 2.1 from the LP, 4.2 in 25 s).
-    ``infeasible``: a window without a solution, or the sum above the
-    model's makespan bound (the capped model's cutoff) or ``limit()``: no
-    plan of the class reaches it (bound ``inf``).  ``stats`` gets ``suffix_steps``
-    (the stages of the windows whose LP was solved), ``suffix_windows`` ([first stage,
-    last stage, ms above their fastest steps] of each window that says more
-    than that) and ``suffix_s``; ``progress(bound)`` is called with the sum
+    part of the time left (a MILP's bound grows fast at first, then slowly:
+    ResNet-50 b32 at 1.25x, the last 80 stages 45.1 ms above their fastest
+    steps in 22 s, 46.3 in 113 s; the 80 before them 2.1 from the LP, 4.2
+    in 25 s).  ``infeasible``: a window without a solution, or the sum
+    above the model's makespan bound (the capped model's cutoff) or
+    ``limit()``: no plan of the class reaches it (bound ``inf``).
+    ``stats`` gets ``suffix_steps`` (the stages of the windows whose LP
+    was solved), ``suffix_windows`` ([first stage, last stage, ms above
+    their fastest steps] of each window that says more than that) and
+    ``suffix_s``; ``progress(bound)`` is called with the sum
     each time it grows and stays within the cap (a parent that kills the
     work keeps the last); ``limit()``, where given, a cap (ms) no looser
     than the model's that may tighten meanwhile (a faster plan found)."""
@@ -228,9 +228,9 @@ def split_bound(f: Formulation, seconds: float, stats: dict | None = None,
             progress(sum(best.values()))
         return False
 
-    def run(sub: Milp, limit: float) -> Solution:
+    def run(sub: Milp, limit_s: float) -> Solution:
         # in a child killed at the limit: HiGHS's presolve does not read its own
-        return solve(sub, max(0.1, limit),
+        return solve(sub, max(0.1, limit_s),
                      isolate=child.available() and sub.nonzeros >= ISOLATE_NONZEROS)
 
     none = False
