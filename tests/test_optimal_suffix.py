@@ -127,7 +127,10 @@ def test_resnet50_suffix_proves_the_cutoff_where_the_full_model_is_unsolved():
     """K40c ResNet-50 b32 at 1.5x its lower bound: the capped model (1M
     nonzeros) has no LP solution in minutes, its last 80 stages none at all
     below 1.0509 x compute (superneurons' polished plan): no plan of the
-    class is that fast.  The last 40 stages alone do not prove it."""
+    class is that fast.  The last 40 stages alone do not prove it, nor the
+    LP relaxation of the last 80 since the class swaps gradients (a block
+    input's gradient may leave the device while its branch's backward runs):
+    their MILP does, in about 10 s."""
     from snsim.trace.io import load
 
     g = Graph(load("traces/k40c_resnet50_b32.json"))
@@ -137,7 +140,7 @@ def test_resnet50_suffix_proves_the_cutoff_where_the_full_model_is_unsolved():
     of = stages(f)
     sol = solve(suffix_milp(f, K - 40, of).relaxed(), 60)
     assert sol.status == "optimal" and sol.objective < 1.0509 * g.compute_ms
-    assert solve(suffix_milp(f, K - 80, of).relaxed(), 120).status == "infeasible"
+    assert solve(suffix_milp(f, K - 80, of), 120).status == "infeasible"
 
 
 def check_splits(g, budget) -> int:
@@ -164,8 +167,10 @@ def check_splits(g, budget) -> int:
         last = solve(suffix_milp(f, K - span, of), 20)
         above += last.status == "optimal" and b > last.objective + 1e-3
         # capped at the optimum, no span may call the class empty (the sum's
-        # test against the cap included)
-        b, none = split_bound(build(g, budget, cutoff=opt + 1e-6), 60.0, span=span)
+        # test against the cap included; a relative margin too: HiGHS's
+        # presolve called a model capped at 11920.087 + 1e-6 infeasible, at
+        # + 1e-7 and + 1e-5 not, random DAG 9)
+        b, none = split_bound(build(g, budget, cutoff=opt * (1 + 1e-9) + 1e-6), 60.0, span=span)
         assert not none and b <= opt + EPS, (budget, span, b, opt)
     return above
 

@@ -8,6 +8,7 @@ an op written here, so the ledger and the simulator see what the model saw.
 from __future__ import annotations
 
 from snsim.policies.optimal.formulation import Formulation, order_key
+from snsim.policies.optimal.timing import offload_key
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 
@@ -24,13 +25,15 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
     P = sorted((key for key, v in f.P.items() if chosen(values, v)),
                key=lambda kt: order_key(f, *kt))
     O = sorted((t for t, v in f.O.items() if chosen(values, v)),
-               key=lambda t: (t[1], t[0] != "X"))
+               key=lambda t: offload_key(f, t))
     offload_at: dict[int, list] = {}
     waits_after: dict[int, list] = {}
     wait_at: dict[int, list] = {}
-    for t in O:   # the forward stage at whose end t is first freed
-        offload_at.setdefault(t[1], []).append(t)
-        k = next((k for k in range(t[1], n) if (k + 1, t) not in S), None)
+    K = len(route)
+    for t in O:   # the stage at whose end t is first freed (a forward one but for gradients)
+        b = f.birth[t]
+        offload_at.setdefault(b, []).append(t)
+        k = next((k for k in range(b, K if t in f.grads else n) if (k + 1, t) not in S), None)
         if k is not None:
             waits_after.setdefault(k, []).append(t)
         else:   # kept into backward: waited for at its start
@@ -63,8 +66,10 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
             peak = max(peak, level + g.workspace_bytes(("R", j), f.r_algo[j]))
         here = set(s_at.get(k, [])) | set(p_at.get(k, []))
         here |= {("X", j) for j in r_at.get(k, [])}
-        if step[0] == "B":   # freed before the step: not needed by it, not kept
-            early = sorted((t for t in here if t not in g.needs_map[step] and (k + 1, t) not in S),
+        if step[0] == "B":   # freed before the step: not needed by it, not kept (a
+            # swappable gradient: at the stage's end)
+            early = sorted((t for t in here if t not in g.needs_map[step] and (k + 1, t) not in S
+                            and t not in f.grads),
                            key=lambda t: (t[1], t[0]))
             early += [("S", j) for j in r_at.get(k, []) if f.r_bytes[j] > g.layers[j].output_bytes]
             ops.extend(Free(t) for t in early)
@@ -77,11 +82,9 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         ops.append(Compute(step[0], layer, algo))
         level += f.step_alloc[k]
         peak = max(peak, level + g.workspace_bytes(step, algo))
-        if step[0] == "F":
-            ops.extend(Offload(t) for t in offload_at.get(layer, []))
-            ops.extend(Wait(t) for t in waits_after.get(k, []))
-        if step[0] == "F":
-            here |= {t for t in g.allocs_map[step] if t in f.last_fwd}
+        ops.extend(Offload(t) for t in offload_at.get(k, []))
+        ops.extend(Wait(t) for t in waits_after.get(k, []))
+        here |= {t for t in g.allocs_map[step] if f.birth.get(t) == k}
         ops.extend(Free(t) for t in sorted(here, key=lambda t: (t[1], t[0]))
                    if (k + 1, t) not in S)
         ops.extend(Free(t) for t in f.fixed_free[k])

@@ -59,6 +59,8 @@ class Formulation:
     last_fwd: dict = field(default_factory=dict)   # t -> stage of t's last forward use
     first_free: dict = field(default_factory=dict)  # t -> first stage at whose end an
     #                                                 offloaded t may be freed (last_fwd if absent)
+    birth: dict = field(default_factory=dict)   # t -> the stage whose step makes t (X_i, S_i: i)
+    grads: set = field(default_factory=set)     # the gradients among the decision tensors
     tensors: list = field(default_factory=list)    # the decision tensors (X_i, and S_i)
     fixed_start: list = field(default_factory=list)  # G/S bytes resident at each stage start
     step_alloc: list = field(default_factory=list)   # bytes each route step allocates
@@ -92,6 +94,42 @@ def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
     return need, rdom
 
 
+def gradient_swaps(graph: Graph) -> dict:
+    """The gradients the class may swap: ``t -> (birth, uses)`` for each
+    gradient buffer ``("G", j)`` one route step makes (``birth``) and later
+    steps read (``uses``), where some step between its birth and its first
+    in-place write (an accumulating contribution, ``Graph.written``; a host
+    copy made before it is stale after it) neither makes nor reads it: it
+    may be offloaded after its birth step, freed, and prefetched back for
+    its next use up to that write.  (A ResNet block input's gradient: made
+    by the add's backward, added to by the branch's first layer's.)  Every
+    other gradient is fixed memory, as ``liveness`` holds it."""
+    route = graph.route
+    made: dict = {}
+    uses: dict = {}
+    for k, step in enumerate(route):
+        for t in graph.allocs_map[step]:
+            if t[0] == "G":
+                made.setdefault(t, []).append(k)
+        for t in graph.needs_map[step]:
+            if t[0] == "G":
+                uses.setdefault(t, []).append(k)
+    written = graph.written
+    last = graph.last_use
+    out: dict = {}
+    for t, ks in made.items():
+        if len(ks) != 1 or not graph.size(t):
+            continue
+        b = ks[0]
+        later = [k for k in uses.get(t, ()) if k > b]
+        if not later or len(later) != len(uses.get(t, ())) or last.get(t) != later[-1]:
+            continue
+        w = next((k for k in later if t in written.get(route[k], ())), later[-1])
+        if any(c > a + 1 for a, c in zip([b] + later, later) if c <= w):
+            out[t] = (b, later)
+    return out
+
+
 def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = True,
           forward_prefetch: bool = True, cutoff: float | None = None) -> Formulation:
     """The MILP of ``graph`` under ``capacity`` bytes.  ``window`` (stages) limits
@@ -109,7 +147,12 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
     f = Formulation(g, capacity, m)
     recomputable = [layer.kind != "data" for layer in g.layers]
     need, rdom = demand(g, recomputable)
-    f.tensors = tensors = sorted(need, key=lambda t: (t[1], t[0] != "X"))
+    f.birth = {t: t[1] for t in need}
+    for t, (b, uses) in gradient_swaps(g).items():
+        need[t] = set(uses)
+        f.birth[t] = b
+        f.grads.add(t)
+    f.tensors = tensors = sorted(need, key=lambda t: (f.birth[t], t[0] != "X", t))
     last = {t: max(need[t]) if need[t] else t[1] for t in tensors}
     dev = g.trace.device
     d2h_ms, h2d_ms = 1e3 / dev.d2h_Bps, 1e3 / dev.h2d_Bps
@@ -144,10 +187,28 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                           key=lambda a: (g.workspace_bytes(("R", j), a), g.step_ms(("R", j), a)))
 
     # columns
+    written = g.written
     for t in tensors:
-        i = t[1]
+        i = f.birth[t]
         for k in range(i + 1, last[t] + 1):
             f.S[k, t] = m.var()
+        if t in f.grads:
+            # offloaded after its birth step, prefetched for a use up to its
+            # first in-place write (after it the host copy is stale)
+            uses = sorted(need[t])
+            w = next((k for k in uses if t in written.get(route[k], ())), uses[-1])
+            f.O[t] = m.var()
+            f.first_free[t] = i
+            for a, u in zip([i] + uses, uses):
+                if u > w:
+                    break
+                if u == a + 1:
+                    continue
+                for k in range(a + 1, u + 1):
+                    if (sync or u > k) and (window is None or u <= k + window):
+                        f.P[k, t] = m.var()
+                        f.P_wait[k, t] = u
+            continue
         if t[0] == "X":
             for k in sorted(rdom[i]):
                 f.R[k, i] = m.var()
@@ -198,7 +259,7 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
 
     # residency
     for (k, t), s in f.S.items():
-        if k == t[1] + 1:
+        if k == f.birth[t] + 1:
             continue
         prev = {s: 1.0, f.S[k - 1, t]: -1.0}
         if t[0] == "X":
@@ -289,7 +350,10 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                 m.row({U: 1.0, r: ws / MiB}, hi=capacity / MiB - fixed)
         if k >= n:
             # backward: what the step does not need and the next stage does not
-            # keep is freed before the step (after the recomputations)
+            # keep is freed before the step (after the recomputations); a
+            # swappable gradient is freed at the stage's end (after waiting for
+            # its offload), so it counts while resident; one the step makes is
+            # in step_alloc
             needed = set(g.needs_map[step])
             t = {}
             for x in tensors:
@@ -297,6 +361,10 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                     for v in (f.S.get((k, x)), f.P.get((k, x)),
                               f.R.get((k, x[1])) if x[0] == "X" else None):
                         add(t, v, size[x] / MiB)
+                elif x in f.grads:
+                    if f.birth[x] != k:
+                        add(t, f.S.get((k, x)), size[x] / MiB)
+                        add(t, f.P.get((k, x)), size[x] / MiB)
                 else:
                     add(t, f.S.get((k + 1, x)), size[x] / MiB)
         else:
@@ -332,5 +400,5 @@ def warm_start(small: Formulation, values: list[float], full: Formulation
 
 def order_key(f: Formulation, k: int, t) -> tuple:
     """Issue order of the prefetches of a stage: the one waited for first first,
-    then highest layer first, X before S."""
-    return (k, f.P_wait[k, t], -t[1], t[0] != "X")
+    then highest layer first, X first, then by kind."""
+    return (k, f.P_wait[k, t], -t[1], t[0] != "X", t[0])

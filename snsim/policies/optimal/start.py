@@ -9,8 +9,10 @@ is resident right after route step k-1, is not brought back in stage k, and
 is used in stage k (by the step or a recomputation) or kept to stage k+1.
 That only moves frees earlier, so the plan's levels can only go down; an
 offloaded tensor is freed where the plan frees it (the class waits for its
-copy there, earlier would stall longer).  A plan outside the class (a recomputation during
-forward, a gradient swapped, a prefetch the model has no column for) uses
+copy there, earlier would stall longer); a gradient's offload is read as
+the class's, issued right after the step making it.  A plan outside the
+class (a recomputation during forward, an activation offloaded during
+backward, a prefetch the model has no column for) uses
 keys the model lacks: :func:`plan_start` then returns None, as it does where
 it breaks a row (:func:`.solve.complete` finds that out, and HiGHS starts
 without it).
@@ -59,15 +61,16 @@ def plan_start(f: Formulation, ops: list[Op]) -> tuple[list[int], list[float]] |
                 k += 1
             elif kind is Prefetch:
                 if op.tensor not in decision:
-                    return None   # a gradient swapped: not in the class
+                    return None   # a tensor the class does not swap
                 on[f.P[k, op.tensor]] = 1.0
                 brought[k].add(op.tensor)
                 resident.add(op.tensor)
             elif kind is Offload:
-                if op.tensor not in decision or k >= g.n:
-                    return None
-                on[f.O[op.tensor]] = 1.0
-                offloaded.add(op.tensor)
+                t = op.tensor
+                if t not in decision or (k >= g.n and t not in f.grads):
+                    return None   # an activation offloaded in backward
+                on[f.O[t]] = 1.0
+                offloaded.add(t)
         kept: set = set()                  # S[k+1] of the stage after
         for k in range(K - 1, 0, -1):
             now = {t for t in after[k - 1]

@@ -14,6 +14,12 @@ from __future__ import annotations
 from snsim.policies.optimal.milp import add
 
 
+def offload_key(f, t) -> tuple:
+    """Issue order of the offloads (the device-to-host engine's): by the stage
+    whose step makes the tensor, X first, then by kind and layer."""
+    return (f.birth[t], t[0] != "X", t[0], t[1])
+
+
 def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
     """Add the time rows to ``f.milp`` (``f``: the
     :class:`.formulation.Formulation`); ``r_at``/``p_at``: stage -> [(layer or
@@ -32,8 +38,14 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
     for k in {k for (k, t), u in f.P_wait.items() if u == k}:
         W[k] = m.var(m.lb[f.T[k]], m.ub[f.T[k]], integer=False)
         m.row({W[k]: 1.0, f.T[k]: -1.0}, lo=0.0)
+    # C[k]: the end of stage k's step, where an offload is issued after it
+    # (T[k+1] where no op after the step can delay the next stage)
+    C = {}
+    for k in sorted({f.birth[t] for t in f.O}):
+        C[k] = m.var(m.lb[f.T[k]], m.ub[f.T[k + 1]], integer=False)
+        m.row({f.T[k + 1]: 1.0, C[k]: -1.0}, lo=0.0)
     for k, step in enumerate(route):
-        c = {f.T[k + 1]: 1.0, W[k]: -1.0}
+        c = {C.get(k, f.T[k + 1]): 1.0, W[k]: -1.0}
         const = 0.0
         for j, r in r_at.get(k, []):
             add(c, r, -g.step_ms(("R", j), f.r_algo[j]))
@@ -44,22 +56,15 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
             const = g.step_ms(step, 0)
         m.row(c, lo=const)            # T[k+1] >= C_k
     # d2h: one chain over the candidate offloads in issue order (X_i, then S_i,
-    # after F_i); E[t] is the engine's time after candidate t (its copy's end
-    # when chosen).  C_i = T_i + F_i's time (no recomputation in forward).
+    # after F_i; a gradient after the backward step making it); E[t] is the
+    # engine's time after candidate t (its copy's end when chosen), after C.
     E: dict = {}
     prev = None
-    for t in sorted(f.O, key=lambda t: (t[1], t[0] != "X")):
-        i, o = t[1], f.O[t]
+    for t in sorted(f.O, key=lambda t: offload_key(f, t)):
+        i, o = f.birth[t], f.O[t]
         q = E[t] = m.var(m.lb[f.T[i]], horizon, integer=False)
         copy = size[t] * d2h_ms
-        e = {q: 1.0, f.T[i]: -1.0, o: -copy}
-        const = 0.0
-        if i in f.A:
-            for v, a in f.A[i]:
-                add(e, v, -g.step_ms(route[i], a))
-        else:
-            const = g.step_ms(route[i], 0)
-        m.row(e, lo=const)
+        m.row({q: 1.0, C[i]: -1.0, o: -copy}, lo=0.0)
         if prev is not None:
             m.row({q: 1.0, prev: -1.0, o: -copy}, lo=0.0)
         prev = q
@@ -84,10 +89,11 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
             prev = q
     engine_rows(f, p_at, W)
     for t, o in f.O.items():
-        # freed at the end of forward stage k (after waiting for its copy):
-        # T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t] = 1 (S[i,t] = 1)
-        i = t[1]
-        for k in range(f.first_free.get(t, f.last_fwd[t]), n):
+        # freed at the end of forward stage k (a gradient: of any stage; after
+        # waiting for its copy): T[k+1] >= E[t] when o = 1 and S[k,t] - S[k+1,t]
+        # = 1 (S[i,t] = 1)
+        i = f.birth[t]
+        for k in range(f.first_free.get(t, f.last_fwd.get(t)), K if t in f.grads else n):
             big = max(0.0, most(E[t]) - least(f.T[k + 1]))
             row = {f.T[k + 1]: 1.0, E[t]: -1.0, o: -big}
             lo = -2 * big
