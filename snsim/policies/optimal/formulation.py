@@ -8,9 +8,10 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   layer first); the waits for those used in stage k itself; the recomputations
   ``R_j`` of stage k (lowest layer first, backward stages only, never the data
   layer); in a backward stage, the frees of what the step does not need and
-  the next stage does not keep; the route step (with a chosen workspace algorithm); after a forward
-  step ``F_i`` the offload of ``X_i`` if chosen; the waits for the offloads of
-  the tensors freed in this forward stage; then the frees;
+  the next stage does not keep; the route step (with a chosen workspace algorithm); the
+  offloads chosen of what it made (``X_i`` after ``F_i``, a gradient after
+  the backward step making it); the waits for the offloads of the tensors
+  freed for the first time at this stage's end; then the frees;
 * an activation ``X_i`` is resident at the start of stage k (``S[k,i]``) only if
   it was resident, recomputed or prefetched in stage k-1 (Checkmate's keep
   matrix); an offloaded tensor freed in forward is freed (the first time)
@@ -20,10 +21,15 @@ Stages are the route steps (stage k runs route step k).  The schedule class
   between two of its forward uses (a residual block's input, for the add:
   freed again after it) or in any backward stage up to a use (waited for
   at the start of the stage of its next use);
-* gradients ``G`` live as under ``liveness``; saved extras ``S_i`` of layers
-  with a backward step are decisions like ``X_i`` (kept or swapped; a
-  recomputation does not remake them);
-  a recomputation uses the layer's algorithm with the least workspace.
+* saved extras ``S_i`` of layers with a backward step are decisions like
+  ``X_i`` (kept or swapped; a recomputation does not remake them);
+* a gradient of :func:`gradient_swaps` (one that waits across stages before
+  its first in-place write) is offloaded, if chosen, right after the
+  backward step that makes it, freed at the end of a stage (the first time
+  after waiting for its copy; never before a backward step), and
+  prefetched for a use up to that write; every other gradient lives as
+  under ``liveness``;
+* a recomputation uses the layer's algorithm with the least workspace.
 
 Memory rows are the ledger's levels of every op that can raise the peak
 (each recomputation, each route step); time rows are the

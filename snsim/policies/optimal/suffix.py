@@ -22,11 +22,13 @@ full model's root LP within the limit (ResNet-50 b32 at 1.5x: 217k rows
 after presolve, its interior point method 240 s and not done), so the
 class gave no bound there.  The last 80 stages of ResNet-50 b32's capped
 model (55k rows) are a MILP whose LP is solved in 5 s: at 1.5x and 2x it
-is infeasible (no plan of the class is faster than superneurons' polished
-plan), at 1.25x its dual bound reaches 1.116 x compute in 30 s (the LP of
+was infeasible (no plan of the class is faster than superneurons' polished
+plan; since the class swaps gradients the LP is not, the MILP is, in 10
+s), at 1.25x its dual bound reaches 1.116 x compute in 30 s (the LP of
 the last 120 stages 1.085, the moment and window bounds 1.038).  It is a
 bound on the class only, like every bound of the solver: the class leaves
-out gradient swaps, swaps inside a stage and more (DESIGN 6a), which
+out swaps inside a stage, a gradient swapped where no stage separates its
+birth from its next read, and more (DESIGN 6a), which
 ``schedule_bound_ms`` (moment, window) does not.
 
 The windows before the last add what the suffix leaves free: with the
