@@ -234,27 +234,35 @@ def test_optimal_never_worse_than_every_heuristic(trace):
                 assert r.feasible and r.iteration_ms <= h.iteration_ms + 1e-9, p
 
 
-def test_milp_prediction_equals_simulator_on_its_own_plan():
-    """The MILP's plan itself (not a heuristic's): objective and peak are the simulator's."""
+def milp_plan_checked(g, budget):
+    """The MILP's own plan of ``g`` at ``budget`` (f, solution, ops, result),
+    checked: solved to optimality, it passes the verifier and fits, and the
+    model's time and peak are the simulator's."""
     from snsim.policies.optimal.decode import decode
     from snsim.policies.optimal.formulation import build
     from snsim.policies.optimal.solve import solve
 
+    f = build(g, budget)
+    sol = solve(f.milp, 20)
+    assert sol.status == "optimal"
+    ops, peak = decode(f, sol.values)
+    s = Schedule("milp", ops, budget)
+    verify(g, s)
+    r = simulate(g, s, budget, record=False)
+    assert r.feasible
+    assert sol.objective == pytest.approx(r.iteration_ms, abs=1e-6)
+    assert peak == r.peak_bytes <= budget
+    assert replay.estimate_ms(g, ops, budget) == pytest.approx(r.iteration_ms, abs=1e-9)
+    return f, sol, ops, r
+
+
+def test_milp_prediction_equals_simulator_on_its_own_plan():
+    """The MILP's plan itself (not a heuristic's): objective and peak are the simulator's."""
     for t in (chain4(), chain5(), chain5(SLOW), residual()):
         g = Graph(t)
         lb = g.lower_bound_bytes
         for budget in (lb, int(lb * 1.2)):
-            f = build(g, budget)
-            sol = solve(f.milp, 20)
-            assert sol.status == "optimal"
-            ops, peak = decode(f, sol.values)
-            s = Schedule("milp", ops, budget)
-            verify(g, s)
-            r = simulate(g, s, budget, record=False)
-            assert r.feasible
-            assert sol.objective == pytest.approx(r.iteration_ms, abs=1e-6)
-            assert peak == r.peak_bytes
-            assert replay.estimate_ms(g, ops, budget) == pytest.approx(r.iteration_ms, abs=1e-9)
+            milp_plan_checked(g, budget)
 
 
 def test_residual_block_input_prefetched_during_forward():

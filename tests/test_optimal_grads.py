@@ -31,7 +31,7 @@ from snsim.policies.optimal.decode import decode  # noqa: E402
 from snsim.policies.optimal.formulation import build, gradient_swaps  # noqa: E402
 from snsim.policies.optimal.solve import solve  # noqa: E402
 from snsim.policies.optimal.start import plan_start  # noqa: E402
-from test_optimal import brute_schedules, run_optimal  # noqa: E402
+from test_optimal import brute_schedules, milp_plan_checked, run_optimal  # noqa: E402
 from test_optimal_suffix import check_splits  # noqa: E402
 
 G1 = ("G", 1)
@@ -119,17 +119,7 @@ def test_gradient_swaps_make_the_lower_bound_reachable_and_are_priced_exactly(mo
         with monkeypatch.context() as mp:
             mp.setattr(formulation, "gradient_swaps", lambda graph: {})
             assert solve(build(g, budget).milp, 20).status == "infeasible"
-        f = build(g, budget)
-        sol = solve(f.milp, 20)
-        assert sol.status == "optimal"
-        ops, peak = decode(f, sol.values)
-        s = Schedule("milp", ops, budget)
-        verify(g, s)
-        r = simulate(g, s, budget, record=False)
-        assert r.feasible
-        assert sol.objective == pytest.approx(r.iteration_ms, abs=1e-9)
-        assert peak == r.peak_bytes <= budget
-        assert replay.estimate_ms(g, ops, budget) == pytest.approx(r.iteration_ms, abs=1e-9)
+        _, sol, ops, _ = milp_plan_checked(g, budget)   # time and peak as simulated
         b4, b2 = ops.index(Compute("B", 4)), ops.index(Compute("B", 2))
         assert ops.index(Offload(G1)) == b4 + 1
         assert b4 < ops.index(Wait(G1)) < ops.index(Free(G1)) < ops.index(Prefetch(G1)) < b2
