@@ -154,8 +154,13 @@ def build_schedule(g, combo, issue_at, fwd_last, last):
 
 
 def brute_best(g, budget):
+    return fastest(g, budget, brute_schedules(g))
+
+
+def fastest(g, budget, plans) -> float:
+    """The least simulated time of the feasible plans (op lists) of ``plans``."""
     best = math.inf
-    for ops in brute_schedules(g):
+    for ops in plans:
         s = Schedule("brute", ops, budget)
         verify(g, s)
         r = simulate(g, s, budget, record=False)

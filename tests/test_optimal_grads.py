@@ -20,7 +20,6 @@ from conftest import L, make
 from snsim.graph import Graph
 from snsim.policies import plan, replay
 from snsim.policies.base import PlanContext
-from snsim.schedule import verify
 from snsim.schedule.ops import Compute, Free, Offload, Prefetch, Schedule, Wait
 from snsim.sim import simulate
 
@@ -31,7 +30,8 @@ from snsim.policies.optimal.decode import decode  # noqa: E402
 from snsim.policies.optimal.formulation import build, gradient_swaps  # noqa: E402
 from snsim.policies.optimal.solve import solve  # noqa: E402
 from snsim.policies.optimal.start import plan_start  # noqa: E402
-from test_optimal import brute_schedules, milp_plan_checked, run_optimal  # noqa: E402
+from test_optimal import (  # noqa: E402
+    brute_schedules, fastest, milp_plan_checked, run_optimal)
 from test_optimal_suffix import check_splits  # noqa: E402
 
 G1 = ("G", 1)
@@ -88,16 +88,10 @@ def brute_best(g, budget):
         if use is not None and use > made + 1:
             gaps[t] = range(made + 1, use + 1)
     names = sorted(gaps)
-    best = math.inf
-    for ops in brute_schedules(g):
-        for choice in itertools.product(*[[None, *gaps[t]] for t in names]):
-            stage_of = {t: k for t, k in zip(names, choice) if k is not None}
-            s = Schedule("brute", with_gradient_swaps(g, ops, stage_of), budget)
-            verify(g, s)
-            r = simulate(g, s, budget, record=False)
-            if r.feasible:
-                best = min(best, r.iteration_ms)
-    return best
+    return fastest(g, budget, (
+        with_gradient_swaps(g, ops, {t: k for t, k in zip(names, choice) if k is not None})
+        for ops in brute_schedules(g)
+        for choice in itertools.product(*[[None, *gaps[t]] for t in names])))
 
 
 def test_the_block_inputs_gradient_is_the_one_the_class_may_swap():
