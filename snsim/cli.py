@@ -149,7 +149,8 @@ def cmd_simulate(args) -> int:
     budget = _budget(args.budget, graph)
     record = bool(args.timeline or args.chrome_trace)
     results = _run_policies(graph, args.policy, budget, record,
-                            {"time_limit": args.time_limit}, progress=show,
+                            {"time_limit": args.time_limit, "serial": args.serial},
+                            progress=show,
                             thrash_limit=args.thrash_limit)
     config = {"trace": args.trace, "policy": args.policy, "budget_bytes": budget,
               "device": args.device}
@@ -353,6 +354,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "terminal)")
     p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
                    help="solver time limit of policy optimal, seconds (default: %(default)g)")
+    p.add_argument("--serial", action="store_true",
+                   help="policy optimal: one busy process at a time (no child process "
+                   "bounding its class on a second core beside the heuristics' work), for a "
+                   "machine shared with other work")
     _add_training(p)
     p.add_argument("--offload-optimizer", action="store_true",
                    help="ZeRO-Offload: the optimizer state lives on the host and the step runs "

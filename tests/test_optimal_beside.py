@@ -149,3 +149,28 @@ def test_the_child_asks_whether_the_class_has_a_plan():
     assert got.bound == pytest.approx(9.0 - g.optimizer_ms, abs=1e-6)
     got = run(g.lower_bound_bytes - 1, 100.0)
     assert got.done and got.status == "infeasible" and got.bound == 0.0
+
+
+@posix
+def test_serial_keeps_to_one_process(monkeypatch, tmp_path):
+    """The option ``serial`` (``snsim simulate --serial``) starts no child beside
+    the heuristics, and gives the bound the in-process search gives."""
+    g = Graph(chain5(SLOW))
+    budget = int(g.lower_bound_bytes * 1.1)
+    monkeypatch.setattr(optimal, "SUFFIX_NONZEROS", 0)
+
+    def no(*a, **k):
+        raise AssertionError("a child was started beside the heuristics")
+    monkeypatch.setattr(beside, "start", no)
+    st = plan("optimal", PlanContext(g, budget, {"time_limit": 20.0, "serial": True})).stats
+    monkeypatch.setattr(optimal, "BESIDE", False)
+    want = plan("optimal", PlanContext(g, budget, {"time_limit": 20.0})).stats
+    assert st["status"] == want["status"]
+    assert st["bound_ms"] == pytest.approx(want["bound_ms"], abs=1e-6)
+
+    from snsim.cli import main
+    trace = tmp_path / "chain5.json"
+    from snsim.trace.io import save
+    save(chain5(SLOW), str(trace))
+    assert main(["simulate", str(trace), "--policy", "optimal", "--budget", str(budget),
+                 "--time-limit", "10", "--serial", "--json"]) == 0

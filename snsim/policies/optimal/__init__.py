@@ -73,7 +73,9 @@ no plan within that time, the child asks in its last ``PROBE_SHARE`` of
 the limit whether the class has a plan at all, as :func:`settle` does);
 this process takes its result where it would have built the model (a
 smaller model is searched here as before).  On one
-core the two share it, and the deadline holds all the same.
+core the two share it, and the deadline holds all the same.  The option
+``serial`` (``snsim simulate --serial``) keeps to one busy process: the
+model is then built and bounded here, after the heuristics' work.
 """
 
 from __future__ import annotations
@@ -287,6 +289,7 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     time_limit = float(opts.get("time_limit", TIME_LIMIT_S))
     if not time_limit > 0:
         raise PolicyError(f"policy optimal: time limit must be > 0 seconds, not {time_limit}")
+    serial = bool(opts.get("serial", False))   # no child beside the heuristics (note 3)
     t0 = time.perf_counter()
     ends = t0 + time_limit   # the deadline of the whole plan (note 2)
     trivial = compute_bound_ms(g)
@@ -303,7 +306,7 @@ def plan_optimal(ctx: PlanContext) -> Schedule:
     reserve = min(RESERVE_S, RESERVE_SHARE * time_limit)   # to decode and polish (note 2)
     need = BUILD_S_PER_COLUMN * cols + min(MIN_SOLVE_S, MIN_SOLVE_SHARE * time_limit)
     bg = None
-    if (BESIDE and plans and child.available() and cols <= MAX_COLUMNS
+    if (BESIDE and not serial and plans and child.available() and cols <= MAX_COLUMNS
             and plans[0][0] > trivial * (1 + 1e-12)):
         # the class's split bound, beside the heuristics' work (.beside, note 3)
         first = plans[0][0] - g.optimizer_ms   # the model prices the route
