@@ -149,6 +149,22 @@ def test_quick_optimality_gap_puts_every_heuristic_at_or_above_the_optimum(quick
     assert (t[~t.feasible].over_optimal.isna()).all()
 
 
+def test_optimality_gap_runs_optimal_in_one_process_beside_other_workers(quick_out, tmp_path):
+    """With several workers (or a cluster) each point's ``optimal`` keeps to one
+    busy process (its option ``serial``): the workers fill the cores."""
+    from snsim.experiments.base import Options
+    from snsim.experiments.optimality import optimal_options
+
+    assert optimal_options(Options(tmp_path, workers=1), 20.0) == (("time_limit", 20.0),)
+    assert optimal_options(Options(tmp_path, workers=2), 20.0) == (
+        ("serial", True), ("time_limit", 20.0))
+    assert optimal_options(Options(tmp_path, workers=1, scheduler="tcp://x:1"), 20.0)[0] == (
+        "serial", True)
+    if HAVE_HIGHS:   # the quick run here had one worker
+        cfg = json.loads((quick_out / "optimality-gap.config.json").read_text())
+        assert cfg["config"]["serial"] is False
+
+
 def test_optimality_gap_without_the_solver_is_one_line(tmp_path, monkeypatch, capsys):
     import sys
 

@@ -50,7 +50,7 @@ def run_optimality_gap(opts: Options) -> Outcome:
     pols = ("optimal",) + HEURISTICS
     points = [p for pol in pols for p in grid(
         specs, (pol,), budget_factor=factors,
-        options=[(("time_limit", limit),) if pol == "optimal" else ()])]
+        options=[optimal_options(opts, limit) if pol == "optimal" else ()])]
     from snsim.experiments.memory import sweep
 
     table = sweep(points, opts)
@@ -58,8 +58,21 @@ def run_optimality_gap(opts: Options) -> Outcome:
     table = over_optimal(table)
     return Outcome(table, _draw, {"traces": [p.stem for p in paths],
                                   "budget_factors": list(factors),
-                                  "policies": list(pols), "time_limit_s": limit},
+                                  "policies": list(pols), "time_limit_s": limit,
+                                  "serial": serial(opts)},
                    summary(table))
+
+
+def serial(opts: Options) -> bool:
+    """``optimal`` without its child beside the heuristics (its plan option
+    ``serial``) where the sweep runs several points at once: its workers
+    then keep the cores busy, one process each."""
+    return opts.workers > 1 or opts.scheduler is not None
+
+
+def optimal_options(opts: Options, limit: float) -> tuple:
+    """``optimal``'s plan options, as sorted (name, value) pairs."""
+    return ((("serial", True),) if serial(opts) else ()) + (("time_limit", limit),)
 
 
 def over_optimal(table):
