@@ -67,7 +67,7 @@ class Formulation:
     #                                                 offloaded t may be freed (last_fwd if absent)
     birth: dict = field(default_factory=dict)   # t -> the stage whose step makes t (X_i, S_i: i)
     grads: set = field(default_factory=set)     # the gradients among the decision tensors
-    tensors: list = field(default_factory=list)    # the decision tensors (X_i, and S_i)
+    tensors: list = field(default_factory=list)    # the decision tensors (X_i, S_i, grads)
     fixed_start: list = field(default_factory=list)  # G/S bytes resident at each stage start
     step_alloc: list = field(default_factory=list)   # bytes each route step allocates
     r_bytes: dict = field(default_factory=dict)      # j -> bytes R_j allocates
