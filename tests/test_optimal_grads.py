@@ -97,7 +97,7 @@ def brute_best(g, budget):
 def test_the_block_inputs_gradient_is_the_one_the_class_may_swap():
     g = Graph(grad_residual())
     # made in stage 7 (B4), read by B2 (stage 9, which adds into it) and B1
-    assert gradient_swaps(g) == {G1: (7, [9, 10])}
+    assert gradient_swaps(g) == {G1: (7, [9, 10], 9)}
     f = build(g, g.lower_bound_bytes)
     assert f.grads == {G1} and f.birth[G1] == 7 and G1 in f.O
     # prefetched in the gap (B3's stage) or at B2's start, never after B2's write

@@ -101,11 +101,12 @@ def demand(graph: Graph, recomputable: list[bool]) -> tuple[dict, list[set]]:
 
 
 def gradient_swaps(graph: Graph) -> dict:
-    """The gradients the class may swap: ``t -> (birth, uses)`` for each
-    gradient buffer ``("G", j)`` one route step makes (``birth``) and later
-    steps read (``uses``), where some step between its birth and its first
-    in-place write (an accumulating contribution, ``Graph.written``; a host
-    copy made before it is stale after it) neither makes nor reads it: it
+    """The gradients the class may swap: ``t -> (birth, uses, write)`` for
+    each gradient buffer ``("G", j)`` one route step makes (``birth``) and
+    later steps read (``uses``), where some step between its birth and its
+    first in-place write (``write``: an accumulating contribution,
+    ``Graph.written``, else its last use; a host copy made before it is
+    stale after it) neither makes nor reads it: it
     may be offloaded after its birth step, freed, and prefetched back for
     its next use up to that write.  (A ResNet block input's gradient: made
     by the add's backward, added to by the branch's first layer's.)  Every
@@ -132,7 +133,7 @@ def gradient_swaps(graph: Graph) -> dict:
             continue
         w = next((k for k in later if t in written.get(route[k], ())), later[-1])
         if any(c > a + 1 for a, c in zip([b] + later, later) if c <= w):
-            out[t] = (b, later)
+            out[t] = (b, later, w)
     return out
 
 
@@ -154,10 +155,12 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
     recomputable = [layer.kind != "data" for layer in g.layers]
     need, rdom = demand(g, recomputable)
     f.birth = {t: t[1] for t in need}
-    for t, (b, uses) in gradient_swaps(g).items():
+    write: dict = {}   # swappable gradient -> the stage of its first in-place write
+    for t, (b, uses, w) in gradient_swaps(g).items():
         need[t] = set(uses)
         f.birth[t] = b
         f.grads.add(t)
+        write[t] = w
     f.tensors = tensors = sorted(need, key=lambda t: (f.birth[t], t[0] != "X", t))
     last = {t: max(need[t]) if need[t] else t[1] for t in tensors}
     dev = g.trace.device
@@ -193,7 +196,6 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                           key=lambda a: (g.workspace_bytes(("R", j), a), g.step_ms(("R", j), a)))
 
     # columns
-    written = g.written
     for t in tensors:
         i = f.birth[t]
         for k in range(i + 1, last[t] + 1):
@@ -202,11 +204,10 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
             # offloaded after its birth step, prefetched for a use up to its
             # first in-place write (after it the host copy is stale)
             uses = sorted(need[t])
-            w = next((k for k in uses if t in written.get(route[k], ())), uses[-1])
             f.O[t] = m.var()
             f.first_free[t] = i
             for a, u in zip([i] + uses, uses):
-                if u > w:
+                if u > write[t]:
                     break
                 if u == a + 1:
                     continue

@@ -54,7 +54,7 @@ def time_rows(f, r_at: dict, p_at: dict, horizon: float) -> None:
                 add(c, v, -g.step_ms(step, a))
         else:
             const = g.step_ms(step, 0)
-        m.row(c, lo=const)            # T[k+1] >= C_k
+        m.row(c, lo=const)            # T[k+1] (or C[k]) >= the step's end
     # d2h: one chain over the candidate offloads in issue order (X_i, then S_i,
     # after F_i; a gradient after the backward step making it); E[t] is the
     # engine's time after candidate t (its copy's end when chosen), after C.
