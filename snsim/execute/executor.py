@@ -15,6 +15,9 @@ inputs and outputs).  The pieces that make that true:
     and prefetching ``X_j`` really moves that memory.  Anything else (pooling
     indices, dropout masks, norm statistics) is ``S_i``, freed or moved by
     the schedule's ops on ``S_i``.  Parameters and buffers stay referenced.
+    A recomputation of layer i makes new ``S_i`` records, the ones its new
+    autograd node reads (``extras_of``); a prefetch of ``S_i`` offloaded
+    before it fills those, not the records of the forward's node.
 [3] Recomputation reproduces the forward: the RNG state before ``F_i`` is
     kept for layers the schedule recomputes (dropout replays its mask), and
     a module's buffers (batch-norm running statistics) are restored after a
@@ -268,6 +271,7 @@ class Executor(CopyEngines):
         self.fresh = set(self.p.param_list)
         self.store: dict = {}
         self.extras: dict[int, list[Saved]] = {}
+        self.extras_of: dict[int, list[Saved]] = {}   # layer -> its latest run's S records [2]
         self.edges: dict[int, Edge] = {}
         self.host: dict = {}
         self.events: dict = {}
@@ -296,7 +300,7 @@ class Executor(CopyEngines):
                 ev.result()
         self.reap(final=True)
         self.store = self.extras = self.edges = self.host = self.events = {}
-        self.skeletons = {}
+        self.extras_of = self.skeletons = {}
 
     def _do(self, k: int, op) -> None:
         self.k_now = k
@@ -399,7 +403,7 @@ class Executor(CopyEngines):
             elif ptr not in self.static_ptrs:
                 extras.append(rec)
         if extras:
-            self.extras[i] = extras
+            self.extras[i] = self.extras_of[i] = extras
         if any(o.requires_grad for o in outs):
             self.edges[i] = Edge(
                 [get_gradient_edge(o) if o.requires_grad else None for o in outs],
