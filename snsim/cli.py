@@ -7,13 +7,12 @@ Every user error is one line on stderr (``snsim: error: ...``) and exit 2;
 from __future__ import annotations
 
 import argparse
-import math
 import json
 import sys
 from typing import Sequence
 
 from snsim.errors import SnsimError
-from snsim.units import parse_budget
+from snsim.units import parse_budget, positive_seconds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -294,16 +293,6 @@ def _add_experiment(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
-    return value
-
-
 def _add_training(p) -> None:
     from snsim.training import GRADS, OPTIMIZERS
 
@@ -352,7 +341,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar on stderr (it is off anyway when stderr is not a "
                    "terminal)")
-    p.add_argument("--time-limit", metavar="S", type=_seconds, default=60.0,
+    p.add_argument("--time-limit", metavar="S", type=positive_seconds, default=60.0,
                    help="solver time limit of policy optimal, seconds (default: %(default)g)")
     p.add_argument("--serial", action="store_true",
                    help="policy optimal: one busy process at a time (no child process "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -100,4 +101,15 @@ def parse_budget(text: str | None, lower_bound_bytes: int,
             f"impossible budget {text!r} ({value} bytes): below this trace's lower bound of "
             f"{lower_bound_bytes} bytes ({fmt_bytes(lower_bound_bytes)}), "
             "which no policy can go under")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An option's duration in seconds (argparse ``type``): a positive finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
     return value

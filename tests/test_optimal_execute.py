@@ -1,16 +1,18 @@
-"""Policy optimal's plans run for real: the MILP's own decoded plan (gradient
-swaps, recomputations) in the executor against plain autograd (issue 15:
-"the real executor can run it")."""
+"""Policy optimal's plans run for real: ``snsim validate --policy optimal``,
+and the MILP's own decoded plan (gradient swaps, recomputations) in the
+executor against plain autograd (issue 15: "the real executor can run it")."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("highspy")
 
+from snsim.cli import main  # noqa: E402
 from snsim.graph import Graph  # noqa: E402
 from snsim.policies.finishing import finish  # noqa: E402
 from snsim.policies.optimal.decode import decode  # noqa: E402
@@ -24,6 +26,43 @@ from snsim.validation import run  # noqa: E402
 from snsim.validation.run import Case, Session  # noqa: E402
 
 SESSION = Session()
+
+
+def test_validate_runs_optimal_by_name(capsys):
+    code = main(["validate", "--model", "toymodels:residual", "--batch", "4", "--policy",
+                 "optimal", "--budget", "1.0xlb", "--time-limit", "5", "--repeats", "1",
+                 "--warmup", "0", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["policy"] == "optimal" and out["feasible"]
+    stats = out["policy_stats"]
+    assert stats["source"] and stats["status"] and stats["optimality_gap"] is not None
+    assert abs(out["peak_error"]) <= 0.01, out
+    assert out["max_grad_abs_diff"] <= 1e-5
+
+
+def test_validate_text_names_the_plan_optimal_returned(capsys):
+    code = main(["validate", "--model", "toymodels:concat", "--batch", "2", "--policy",
+                 "optimal", "--time-limit", "5", "--serial", "--repeats", "1", "--warmup", "0",
+                 "--no-progress"])
+    text = capsys.readouterr().out
+    assert code == 0
+    line = next(x for x in text.splitlines() if x.strip().startswith("plan"))
+    assert "optimal's status" in line and "gap" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--time-limit", "0"], "expected a positive number of seconds, not '0'"),
+    (["--policy", "bogus"], "optimal"),   # the reference policy is among the choices
+])
+def test_validate_optimal_errors(capsys, argv, message):
+    base = ["validate", "--model", "toymodels:concat", "--batch", "2", "--policy", "optimal"]
+    try:
+        code = main(base + argv)
+    except SystemExit as exc:   # argparse's own refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
 
 
 def milp_predict(info: dict, h2d_scale: float = 1.0):

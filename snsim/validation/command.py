@@ -13,6 +13,7 @@ import sys
 
 from snsim.errors import SnsimError, require_torch
 from snsim.training import AMPS, GRADS, OPTIMIZERS
+from snsim.units import positive_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="cpu or cuda (default: cpu; for a suite, the suite's device)")
     parser.add_argument("--policy", default="superneurons",
-                        help="policy name, or 'best' (the simulator's first under the budget)")
+                        help="policy name (the reference 'optimal' too), or 'best' (the "
+                             "simulator's first under the budget)")
     parser.add_argument("--budget", help="memory budget (12GiB, 512MiB, 1.2xlb, bytes)")
     parser.add_argument("--trace", help="use this trace instead of profiling the model")
     parser.add_argument("--repeats", type=int, default=5,
@@ -47,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-optimizer", action="store_true",
                         help="with a swapping policy: the optimizer's state and step on the "
                              "host (ZeRO-Offload), run so by the executor")
+    parser.add_argument("--time-limit", metavar="S", type=positive_seconds, default=60.0,
+                        help="policy optimal: the deadline of its planning, seconds (default: "
+                             "%(default)g; as for snsim simulate)")
+    parser.add_argument("--serial", action="store_true",
+                        help="policy optimal: one busy process at a time (as for snsim "
+                             "simulate)")
     parser.add_argument("--json", action="store_true", help="print exactly the JSON result")
     parser.add_argument("--suite", metavar="SUITE.toml", help="run a validation suite")
     parser.add_argument("--no-progress", action="store_true",
@@ -67,9 +75,13 @@ def check_case(case, trace_path: str | None) -> str | None:
     from snsim.units import parse_budget
 
     check_model(case.model, case.input_shape)
-    if case.policy != "best" and case.policy not in policies.names():
+    if case.policy != "best" and case.policy not in policies.names(reference=True):
         raise SnsimError(f"unknown policy {case.policy!r}; choose from: "
-                         + ", ".join(policies.names()) + ", best")
+                         + ", ".join(policies.names(reference=True)) + ", best")
+    if case.policy == "optimal":
+        from snsim.policies.optimal.solve import highs
+
+        highs()   # one line, before the model is profiled, if the solver is missing
     if getattr(case, "offload_optimizer", False):
         takes = [n for n in policies.names() if "offload_optimizer" in policies.get(n).options]
         if case.policy not in takes:
@@ -140,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     case = Case(model=args.model, batch=args.batch, policy=args.policy,
                 input_shape=parse_shape(args.input_shape), budget=args.budget,
                 device=args.device or "cpu", repeats=args.repeats, warmup=args.warmup,
-                optimizer=optimizer, grads=grads, amp=amp, offload_optimizer=offload)
+                optimizer=optimizer, grads=grads, amp=amp, offload_optimizer=offload,
+                time_limit=args.time_limit, serial=args.serial)
     warning = check_case(case, args.trace)  # before any model is profiled
     session = Session(progress=not args.json and not args.no_progress and sys.stderr.isatty())
     out = validate_case(case, session, args.trace)
@@ -171,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  peak memory  measured {fmt_bytes(out.measured_peak_bytes):>12}  (no prediction "
               "to compare: the simulator stops where the plan fails)")
         print(f"  step time    measured {out.measured_step_ms:9.2f} ms")
+    stats = out.policy_stats
+    if out.policy == "optimal" and "status" in stats:
+        gap = stats.get("optimality_gap")
+        print(f"  plan         {stats.get('source', out.policy)}; optimal's status "
+              f"{stats['status']}, gap {'-' if gap is None else format(gap, '.2%')} to its "
+              f"bound, planned in {stats.get('solve_s', 0):.1f} s")
     print(f"  gradients    max |executor - autograd| = {out.max_grad_abs_diff:.3g}")
     if out.optimizer or out.grads or out.amp:
         print(f"  training     optimizer {out.optimizer or 'sgd'} (state "

@@ -30,6 +30,10 @@ class Case:
     amp: str | None = None         # None: off
     # the optimizer's state and step on the host (ZeRO-Offload; a swapping policy's option)
     offload_optimizer: bool = False
+    # policy optimal's planning: its deadline (seconds) and one busy process (snsim simulate's
+    # --time-limit and --serial); the other policies ignore them
+    time_limit: float = 60.0
+    serial: bool = False
 
     @property
     def training(self):
@@ -75,6 +79,9 @@ class Outcome:
     amp: str | None = None
     optimizer_state_bytes: int = 0
     offload_optimizer: bool = False
+    # what the planner reported beside its plan (policy optimal: status, source,
+    # optimality_gap, bound_ms, solve_s, ...; as snsim simulate --json's policy_stats)
+    policy_stats: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,15 +150,17 @@ def build_program(case: Case):
     return ms, example, Program(ms.model, example)
 
 
-def predict(graph, policy: str, budget: int | None):
-    """(schedule, simulated result) of ``policy``; ``best`` is the policy the
-    simulator ranks first under the budget (each policy planned once)."""
+def predict(graph, policy: str, budget: int | None, options: dict | None = None):
+    """(schedule, simulated result) of ``policy`` (a reference policy such as
+    ``optimal`` by name too, planned with ``options``); ``best`` is the policy
+    the simulator ranks first under the budget (each policy planned once)."""
     from snsim import policies
     from snsim.evaluate import evaluate_many
     from snsim.report import rank
 
     names = policies.names() if policy == "best" else [policies.get(policy).name]
-    runs = {e.policy: (e.schedule, e.result) for e in evaluate_many(graph, names, budget)}
+    runs = {e.policy: (e.schedule, e.result)
+            for e in evaluate_many(graph, names, budget, options=options)}
     return runs[rank([r for _, r in runs.values()])[0].policy]
 
 
@@ -185,7 +194,8 @@ def validate_case(case: Case, session: Session | None = None,
 
             graph = Graph(trace.with_training(override(trace.training, offload=True)))
         budget = parse_budget(case.budget, graph.lower_bound_bytes)
-        schedule, pred = predict(graph, case.policy, budget)
+        schedule, pred = predict(graph, case.policy, budget,
+                                 {"time_limit": case.time_limit, "serial": case.serial})
         policy = pred.policy
         live = liveness_prediction(plain_graph)   # a plain loop keeps its optimizer on device
         # ---- real run (nothing below feeds the prediction above) ----
@@ -256,7 +266,7 @@ def validate_case(case: Case, session: Session | None = None,
         liveness_predicted_peak_bytes=live.peak_bytes, plain_peak_bytes=plain,
         plain_peak_error=_rel(plain, live.peak_bytes), optimizer=case.optimizer,
         grads=case.grads, amp=case.amp, optimizer_state_bytes=trace.optimizer_state_bytes,
-        offload_optimizer=case.offload_optimizer)
+        offload_optimizer=case.offload_optimizer, policy_stats=dict(pred.policy_stats))
 
 
 def liveness_prediction(graph):

@@ -265,6 +265,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     for case in tqdm(cases, desc="validate", unit="case"):
         o = validate_case(case, session)
         row = o.to_dict()
+        row.pop("policy_stats")   # per policy, not a column of the report
         row["label"] = f"{case.model}/{o.policy}" + (
             f"/{case.optimizer or 'sgd'}/{case.grads or 'resident'}/{case.amp or 'off'}"
             + ("/offload" if case.offload_optimizer else "") if case.training else "")
