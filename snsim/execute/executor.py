@@ -17,7 +17,9 @@ inputs and outputs).  The pieces that make that true:
     the schedule's ops on ``S_i``.  Parameters and buffers stay referenced.
     A recomputation of layer i makes new ``S_i`` records, the ones its new
     autograd node reads (``extras_of``); a prefetch of ``S_i`` offloaded
-    before it fills those, not the records of the forward's node.
+    before it fills those, not the records of the forward's node, and an
+    ``S_i`` still resident is let go before the recomputation makes the new
+    ones (the ledger overwrites it in place: its memory is not held twice).
 [3] Recomputation reproduces the forward: the RNG state before ``F_i`` is
     kept for layers the schedule recomputes (dropout replays its mask), and
     a module's buffers (batch-norm running statistics) are restored after a
@@ -338,6 +340,10 @@ class Executor(CopyEngines):
             store[("X", 0)] = b.to(self.device, copy=True)  # the input enters device memory
             return
         if recompute:
+            # a resident S_i is overwritten by the recomputation (the ledger's
+            # rule): the forward's records let go before the new ones are made [2]
+            for rec in self.extras.pop(i, ()):
+                rec.t = None
             state, buffers = self._enter_recompute(i)
         elif i in self.recomputed:
             self.rng[i] = self._rng_state()

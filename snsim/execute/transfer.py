@@ -100,18 +100,25 @@ class CopyEngines:
         if self.cuda:
             self.d2h.wait_stream(torch.cuda.current_stream(self.device))
         copies, jobs = [], []
-        for item in items:
-            dev = self.get_item(item)
-            if self.cuda:
-                hostbuf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
-                with torch.cuda.stream(self.d2h):
-                    hostbuf.copy_(dev, non_blocking=True)
-                dev.record_stream(self.d2h)  # its memory is reused only after the copy
-            else:
-                # numpy memory: not counted by the torch allocator, like host memory
-                hostbuf = np.empty(tuple(dev.shape), dtype=dev.detach().numpy().dtype)
-                jobs.append((hostbuf, dev.detach().numpy()))
-            copies.append((hostbuf, dev.size(), dev.stride()))
+        if t[0] == "S":
+            # saved tensors keyed by storage (a tensor saved twice, or views of
+            # one buffer, is one allocation): one copy per storage, the records
+            # made views of it again on the way back [2]
+            bases, where = [], {}
+            for item in items:
+                dev = self.get_item(item)
+                st = dev.untyped_storage()
+                k = where.get(st.data_ptr())
+                if k is None:
+                    k = where[st.data_ptr()] = len(bases)
+                    raw = torch.empty(0, dtype=torch.uint8, device=dev.device).set_(st)
+                    bases.append(self.copy_out(raw, jobs))
+                copies.append((k, dev.dtype, dev.size(), dev.stride(), dev.storage_offset()))
+            copies = Storages(bases, copies)
+        else:
+            for item in items:
+                dev = self.get_item(item)
+                copies.append((self.copy_out(dev, jobs), dev.size(), dev.stride()))
         self.host[t] = (items, copies)
         if self.cuda:
             ev = torch.cuda.Event()
@@ -123,6 +130,33 @@ class CopyEngines:
             self.events[t] = self.d2h_pool.submit(copy_all, jobs, None)
             at = self.release_order.get(self.k_now) if self.release_order else None
             self.holding.append((self.events[t], jobs, at))
+
+    def copy_out(self, dev: torch.Tensor, jobs: list):
+        """A host buffer for ``dev``, its copy issued on the device-to-host
+        engine (CUDA) or added to ``jobs`` (CPU)."""
+        if self.cuda:
+            hostbuf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
+            with torch.cuda.stream(self.d2h):
+                hostbuf.copy_(dev, non_blocking=True)
+            dev.record_stream(self.d2h)  # its memory is reused only after the copy
+            return hostbuf
+        # numpy memory: not counted by the torch allocator, like host memory
+        hostbuf = np.empty(tuple(dev.shape), dtype=dev.detach().numpy().dtype)
+        jobs.append((hostbuf, dev.detach().numpy()))
+        return hostbuf
+
+    def copy_in(self, hostbuf, size, stride, jobs: list) -> torch.Tensor:
+        """A new device tensor for ``hostbuf``, its copy issued on the
+        host-to-device engine (CUDA) or added to ``jobs`` (CPU)."""
+        new = torch.empty_strided(size, stride, dtype=self.host_dtype(hostbuf),
+                                  device=self.device)
+        if self.cuda:
+            with torch.cuda.stream(self.h2d):
+                new.copy_(hostbuf, non_blocking=True)
+            new.record_stream(self.h2d)
+        else:
+            jobs.append((new.numpy(), hostbuf))
+        return new
 
     def prefetch(self, t) -> None:
         items, copies = self.host[t]
@@ -143,16 +177,14 @@ class CopyEngines:
             if offload is not None:  # the host copy must be complete before it comes back
                 self.h2d.wait_event(offload)
         jobs = []
-        for item, (hostbuf, size, stride) in zip(items, copies):
-            new = torch.empty_strided(size, stride, dtype=self.host_dtype(hostbuf),
-                                      device=self.device)
-            if self.cuda:
-                with torch.cuda.stream(self.h2d):
-                    new.copy_(hostbuf, non_blocking=True)
-                new.record_stream(self.h2d)
-            else:
-                jobs.append((new.numpy(), hostbuf))
-            self.set_item(item, new)
+        if isinstance(copies, Storages):
+            raws = [self.copy_in(hostbuf, hostbuf.shape, (1,), jobs) for hostbuf in copies.bases]
+            for item, (k, dtype, size, stride, offset) in zip(items, copies.views):
+                view = torch.empty(0, dtype=dtype, device=self.device)
+                self.set_item(item, view.set_(raws[k].untyped_storage(), offset, size, stride))
+        else:
+            for item, (hostbuf, size, stride) in zip(items, copies):
+                self.set_item(item, self.copy_in(hostbuf, size, stride, jobs))
         if self.cuda:
             ev = torch.cuda.Event()
             ev.record(self.h2d)
@@ -177,6 +209,17 @@ class CopyEngines:
         else:
             ev.result()
             self.reap()
+
+
+class Storages:
+    """The host copy of saved tensors: one buffer per device storage
+    (``bases``, raw bytes) and, per record, (its buffer, dtype, size, stride,
+    storage offset)."""
+
+    __slots__ = ("bases", "views")
+
+    def __init__(self, bases: list, views: list):
+        self.bases, self.views = bases, views
 
 
 def copy_all(jobs, after) -> None:
