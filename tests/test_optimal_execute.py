@@ -116,3 +116,45 @@ def test_milp_plan_runs_for_real(monkeypatch, model, batch, shape, h2d_scale, wh
     assert out.feasible
     assert abs(out.peak_error) <= 0.005, out.to_dict()
     assert out.max_grad_abs_diff <= 1e-5
+
+
+SUITE = """
+[suite]
+name = "opt"
+repeats = 1
+warmup = 0
+baselines = false
+time_limit = {limit}
+[tolerance]
+peak_error_median = 0.01
+peak_error_max = 0.01
+time_error_median = 10.0
+time_error_max = 10.0
+grad_abs_max = 1e-5
+[[case]]
+model = "toymodels:residual"
+batch = 2
+budget = "1.0xlb"
+policies = ["optimal", "superneurons"]
+"""
+
+
+def test_validate_suite_runs_optimal_with_its_time_limit(tmp_path, capsys):
+    suite = tmp_path / "opt.toml"
+    suite.write_text(SUITE.format(limit=5))
+    code = main(["validate", "--suite", str(suite), "--out", str(tmp_path / "rep")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    got = json.loads((tmp_path / "rep" / "results.json").read_text())
+    assert got["provenance"]["config"]["time_limit"] == 5.0
+    assert [r["policy"] for r in got["results"]] == ["optimal", "superneurons"]
+
+
+@pytest.mark.parametrize("limit", ["0", "-3", "'soon'", "true"])
+def test_validate_suite_refuses_a_bad_time_limit(tmp_path, capsys, limit):
+    suite = tmp_path / "opt.toml"
+    suite.write_text(SUITE.format(limit=limit))
+    code = main(["validate", "--suite", str(suite), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and "time_limit must be a positive number of seconds" in err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()

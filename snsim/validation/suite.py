@@ -7,6 +7,7 @@ Suite file (see ``validate/cpu.toml``)::
     device = "cpu"
     repeats = 5
     warmup = 2
+    time_limit = 60          # optional: policy optimal's planning deadline, seconds
     [tolerance]              # |relative error| limits
     peak_error_median = 0.03
     peak_error_max = 0.10
@@ -37,7 +38,7 @@ from snsim.training import AMPS, GRADS, OPTIMIZERS
 
 _TOL_KEYS = ("peak_error_median", "peak_error_max", "time_error_median", "time_error_max",
              "grad_abs_max")
-_SUITE_KEYS = {"name", "device", "repeats", "warmup", "baselines"}
+_SUITE_KEYS = {"name", "device", "repeats", "warmup", "baselines", "time_limit"}
 _CASE_KEYS = {"model", "batch", "input_shape", "policies", "budget", "optimizer", "grads",
               "amp", "offload_optimizer"}
 
@@ -78,6 +79,7 @@ class Suite:
     cases: tuple[SuiteCase, ...]
     baselines: bool
     path: str
+    time_limit: float = 60.0   # policy optimal's planning deadline (seconds)
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,17 @@ def load_suite(path: str | Path) -> Suite:
     baselines = suite.get("baselines", True)
     if not isinstance(baselines, bool):
         raise SnsimError(f"{p}: [suite] baselines must be true or false")
+    limit = suite.get("time_limit", 60.0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (
+            0 < limit < float("inf")):
+        raise SnsimError(f"{p}: [suite] time_limit must be a positive number of seconds, "
+                         f"not {limit!r}")
     return Suite(name=name, device=device,
                  repeats=_int(p, "[suite] repeats", suite.get("repeats", 5), 1),
                  warmup=_int(p, "[suite] warmup", suite.get("warmup", 2), 0),
                  tolerance=Tolerance(**{k: float(tol[k]) for k in _TOL_KEYS}),
-                 cases=tuple(cases), baselines=baselines, path=str(p))
+                 cases=tuple(cases), baselines=baselines, path=str(p),
+                 time_limit=float(limit))
 
 
 def measure_baselines(case, outcome=None) -> list[BaselineRow]:
@@ -256,7 +264,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     cases = [Case(model=c.model, batch=c.batch, policy=pol, input_shape=c.input_shape,
                   budget=c.budget, device=dev, repeats=suite.repeats, warmup=suite.warmup,
                   optimizer=c.optimizer, grads=c.grads, amp=c.amp,
-                  offload_optimizer=c.offload_optimizer)
+                  offload_optimizer=c.offload_optimizer, time_limit=suite.time_limit)
              for c in suite.cases for pol in c.policies]
     _check_cases(suite)  # every policy and budget, before any model is profiled
     _make_report_folder(out)
@@ -386,7 +394,10 @@ def _write_report(out: Path, suite, df, base, verdict, dev) -> None:
     from snsim.fileio import provenance, write_atomic, write_json
     from snsim.validation.plot import scatter
 
-    prov = provenance({"suite": suite.path, "device": dev, "tolerance": asdict(suite.tolerance)})
+    config = {"suite": suite.path, "device": dev, "tolerance": asdict(suite.tolerance)}
+    if any("optimal" in c.policies for c in suite.cases):
+        config["time_limit"] = suite.time_limit
+    prov = provenance(config)
     prov["machine"] = machine(dev)
     cols = ["label", "model", "batch", "policy", "budget", "budget_bytes", "feasible",
             "predicted_peak_bytes", "measured_peak_bytes", "peak_error", "predicted_step_ms",
