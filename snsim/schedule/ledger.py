@@ -37,7 +37,7 @@ from weakref import WeakKeyDictionary
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
-from snsim.schedule.ops import RELEASE, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.schedule.ops import RELEASE, TO_HOST, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
@@ -355,8 +355,8 @@ def iter_effects(graph: Graph, ops: Sequence[Op], start: int = 0,
 
 def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
     """Tensors backward step ``ops[k]`` needs that the run of frees right after it
-    releases: those the executor hands to autograd for the step (DESIGN, "Dying
-    reads").  Not among them: a tensor with a host copy (its free may wait for
+    releases (offloads of tensors it does not need may come among them): those
+    the executor hands to autograd for the step (DESIGN, "Dying reads").  Not among them: a tensor with a host copy (its free may wait for
     the copy), the step's own output gradient ``G_i`` and a shared parameters'
     buffer ``P_j``, which the step holds throughout."""
     step = ops[k].step
@@ -364,6 +364,8 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
     own = graph.grad_in[step[1]]
     out = []
     for op in ops[k + 1:]:
+        if op.action == TO_HOST and op.tensor not in needs:
+            continue   # a copy of what the step made (its input gradient) goes first
         if op.action != RELEASE:
             break
         t = op.tensor
