@@ -78,6 +78,13 @@ def test_saved_extras_come_back_as_one_allocation_per_storage(gpt):
     ops[b:b] = [Prefetch(s), Wait(s)]
     diff = levels_against_ledger(graph, ops)
     assert diff[b] == diff[f], (diff[b], diff[f])   # the prefetch: not a buffer per record
+    # S_a copied back and waited for is a dying read of B_a like any other: handed
+    # to autograd, the step's peak is the one the trace measured (0.27% of a
+    # transposed-linear model's peak under the MILP's plan, before)
+    step = b + 2
+    assert s in graph.dying[ops[step].step] and ledger.hands_over(graph, ops, step, {s})
+    peak = levels_against_ledger(graph, ops, peaks=True)
+    assert abs(peak[step] - peak[f]) <= 64, (peak[step], peak[f])
 
 
 def test_recompute_with_saved_extras_resident_holds_them_once(gpt):

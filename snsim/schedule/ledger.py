@@ -37,7 +37,7 @@ from weakref import WeakKeyDictionary
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
-from snsim.schedule.ops import RELEASE, TO_HOST, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.schedule.ops import RELEASE, TO_DEVICE, TO_HOST, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 
@@ -356,9 +356,11 @@ def iter_effects(graph: Graph, ops: Sequence[Op], start: int = 0,
 def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
     """Tensors backward step ``ops[k]`` needs that the run of frees right after it
     releases (offloads of tensors it does not need may come among them): those
-    the executor hands to autograd for the step (DESIGN, "Dying reads").  Not among them: a tensor with a host copy (its free may wait for
-    the copy), the step's own output gradient ``G_i`` and a shared parameters'
-    buffer ``P_j``, which the step holds throughout."""
+    the executor hands to autograd for the step (DESIGN, "Dying reads").  Not
+    among them: a tensor whose latest copy is an offload (its free may wait
+    for the copy; one copied back and waited for is handed over), the step's
+    own output gradient ``G_i`` and a shared parameters' buffer ``P_j``, which
+    the step holds throughout."""
     step = ops[k].step
     needs = graph.needs_map[step]
     own = graph.grad_in[step[1]]
@@ -369,9 +371,22 @@ def dying_reads(graph: Graph, ops: Sequence[Op], k: int, host=()) -> list:
         if op.action != RELEASE:
             break
         t = op.tensor
-        if t in needs and t not in host and t != own and t[0] != "P":
+        if t in needs and t != own and t[0] != "P" and (t not in host or came_back(ops, k, t)):
             out.append(t)
     return out
+
+
+def came_back(ops: Sequence[Op], k: int, t) -> bool:
+    """Whether tensor ``t``'s last copy before op ``k`` brought it back to the
+    device (a prefetch, waited for by then: its free waits for nothing), not
+    an offload (whose copy may still be under way)."""
+    for j in range(k - 1, -1, -1):
+        op = ops[j]
+        if op.action == TO_HOST and op.tensor == t:
+            return False
+        if op.action == TO_DEVICE and op.tensor == t:
+            return True
+    return False
 
 
 def in_place_bytes(graph: Graph, ops: Sequence[Op], k: int, nbytes: int, host=()) -> int:
