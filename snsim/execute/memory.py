@@ -141,6 +141,23 @@ def time_ms(fn: Callable[[], None], device: torch.device, warmup: int, repeats: 
     return statistics.median(samples), samples
 
 
+def step_levels(ex, batch, **step) -> dict[int, tuple[int, int]]:
+    """(peak, end) of each op of one fresh step of executor ``ex`` on CPU,
+    relative to the memory before its state was made (op -1: making it), from
+    the profiler's allocation events (:func:`per_op_levels`); ``step``: more
+    arguments of ``ex.step``.  ``ex`` has run a step before (its buffers exist)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
+                                 profile_memory=True) as prof:
+        ex.release()
+        mark_window()
+        with torch.profiler.record_function("snsim#-1"):   # the level ops start from
+            ex.prepare(fresh=True)
+        ex.step(batch, annotate=True, **step)
+    return per_op_levels(prof)
+
+
 def per_op_levels(prof) -> dict[int, tuple[int, int]]:
     """(peak, end) inside each ``snsim#k`` range of an annotated run, relative
     to the window's baseline (:func:`mark_window` must have run in it)."""

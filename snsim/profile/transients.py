@@ -29,7 +29,7 @@ from snsim.policies.base import PlanContext
 from snsim.schedule.ops import Compute
 
 from snsim.execute.executor import Executor
-from snsim.execute.memory import per_op_levels
+from snsim.execute.memory import step_levels
 from snsim.torchgraph.program import Program
 
 # Below this a measured transient is allocator noise (alignment, small tensors).
@@ -72,18 +72,7 @@ def measure_transients(program: Program, graph: Graph, batch: Any,
             ex.prepare()
             ex.step(batch, hook=hook)
         else:
-            from torch.profiler import ProfilerActivity, profile
-
-            from snsim.execute.memory import mark_window, quiet_stderr
-
-            with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
-                                         profile_memory=True) as prof:
-                ex.release()
-                mark_window()
-                with torch.profiler.record_function("snsim#-1"):  # the level ops start from
-                    ex.prepare(fresh=True)
-                ex.step(batch, annotate=True)
-            peaks = per_op_levels(prof)
+            peaks = step_levels(ex, batch)
     finally:
         ex.close()
     out: dict[int, list[int]] = {}
@@ -115,9 +104,6 @@ def measure_released(program: Program, graph: Graph, batch: Any,
     steps that have dying reads (CPU; on CUDA the hand-over is not measured yet)."""
     if device.type != "cpu" or not any(graph.dying.values()):
         return {}
-    from torch.profiler import ProfilerActivity, profile
-
-    from snsim.execute.memory import mark_window, quiet_stderr
     from snsim.policies.liveness import plan_liveness
 
     schedule = plan_liveness(PlanContext(graph))
@@ -125,16 +111,9 @@ def measure_released(program: Program, graph: Graph, batch: Any,
     try:
         ex.prepare()
         ex.step(batch, hand_over=True)
-        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
-                                     profile_memory=True) as prof:
-            ex.release()
-            mark_window()
-            with torch.profiler.record_function("snsim#-1"):
-                ex.prepare(fresh=True)
-            ex.step(batch, annotate=True, hand_over=True)
+        levels = step_levels(ex, batch, hand_over=True)
     finally:
         ex.close()
-    levels = per_op_levels(prof)
     out: dict[int, int] = {}
     level = levels.get(-1, (0, 0))[1]
     for k, op in enumerate(schedule.ops):
