@@ -143,8 +143,9 @@ def test_validate_suite_runs_optimal_with_its_time_limit(tmp_path, capsys):
     suite = tmp_path / "opt.toml"
     suite.write_text(SUITE.format(limit=5))
     code = main(["validate", "--suite", str(suite), "--out", str(tmp_path / "rep")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
+    assert "case/s" not in err   # no progress bars where stderr is not a terminal
     got = json.loads((tmp_path / "rep" / "results.json").read_text())
     assert got["provenance"]["config"]["time_limit"] == 5.0
     assert [r["policy"] for r in got["results"]] == ["optimal", "superneurons"]

@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.suite:
         from snsim.validation.suite import run_suite
 
-        return run_suite(args.suite, args.out, device=args.device)
+        return run_suite(args.suite, args.out, device=args.device,
+                         progress=not args.no_progress and sys.stderr.isatty())
     from snsim.profile.command import is_function
 
     missing = [f"--{k}" for k in ("model", "batch") if getattr(args, k) is None

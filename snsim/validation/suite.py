@@ -249,7 +249,8 @@ def measure_baselines(case, outcome=None) -> list[BaselineRow]:
     return rows
 
 
-def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
+def run_suite(path: str, out_dir: str | None, device: str | None = None,
+              progress: bool = True) -> int:
     """Run every case; write the report; return 0 only if all tolerances hold."""
     import pandas as pd
     from tqdm import tqdm
@@ -270,7 +271,7 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
     _make_report_folder(out)
     session = Session()
     rows, base_rows = [], []
-    for case in tqdm(cases, desc="validate", unit="case"):
+    for case in tqdm(cases, desc="validate", unit="case", disable=not progress):
         o = validate_case(case, session)
         row = o.to_dict()
         row.pop("policy_stats")   # per policy, not a column of the report
@@ -283,7 +284,8 @@ def run_suite(path: str, out_dir: str | None, device: str | None = None) -> int:
         firsts: dict = {}
         for case in cases:
             firsts.setdefault((case.model, case.batch, case.input_shape), case)
-        for case in tqdm(list(firsts.values()), desc="baselines", unit="model"):
+        for case in tqdm(list(firsts.values()), desc="baselines", unit="model",
+                         disable=not progress):
             base_rows += measure_baselines(case)
     df = pd.DataFrame(rows)
     verdict = check(df, suite.tolerance)
