@@ -159,3 +159,27 @@ def test_validate_suite_refuses_a_bad_time_limit(tmp_path, capsys, limit):
     err = capsys.readouterr().err
     assert code == 2 and "time_limit must be a positive number of seconds" in err
     assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("factor", [1.1, 1.2, 1.3])
+def test_milp_rows_hold_the_hand_over_a_measured_trace_counts(factor):
+    """A measured trace's backward step whose dying reads go to autograd peaks
+    at ``bwd_released`` (the ledger's rule), above its allocation and
+    workspace on a transposed-linear model (644 B at B3): the MILP's rows
+    count the larger, so its plan fits the budget (it ran 27 B over at 1.2x
+    before), and the decoded peak is the simulator's."""
+    graph = Graph(Session().trace(Case("tests.families:transposed_linear", None, "optimal")))
+    assert any(graph.bwd_released(s) is not None and graph.bwd_released(s) >
+               graph.step_bytes(s) - sum(graph.size(t) for t in graph.needs_map[s])
+               for s in graph.route if s[0] == "B" and graph.dying.get(s))
+    cap = int(graph.lower_bound_bytes * factor)
+    f = build(graph, cap)
+    sol = solve(f.milp, 30)
+    assert sol.status == "optimal"
+    ops, peak = decode(f, sol.values)
+    sched = finish("optimal", graph, with_optimizer_step(graph, ops), cap, {})
+    verify(graph, sched)
+    r = simulate(graph, sched, cap)
+    assert r.feasible, r.reason
+    assert r.peak_bytes == peak <= cap
+    assert r.iteration_ms == pytest.approx(sol.objective + graph.optimizer_ms, rel=1e-6, abs=1e-6)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from snsim.policies.optimal.formulation import Formulation, order_key
 from snsim.policies.optimal.timing import offload_key
+from snsim.schedule.ledger import planned_peak
 from snsim.schedule.ops import Compute, Free, Offload, Op, Prefetch, Wait
 
 
@@ -88,4 +89,9 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         ops.extend(Free(t) for t in sorted(here, key=lambda t: (t[1], t[0]))
                    if (k + 1, t) not in S)
         ops.extend(Free(t) for t in f.fixed_free[k])
+    if any(g.bwd_released(s) is not None for s in route[n:]):
+        # a measured trace: whether a backward step hands its dying reads to
+        # autograd depends on the ops after it (the ledger's rule); the rows
+        # bound both ways (formulation.above), the ledger says which it is
+        peak = planned_peak(g, ops)[0]
     return ops, peak

@@ -376,16 +376,34 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
                     add(t, f.S.get((k + 1, x)), size[x] / MiB)
         else:
             t = dict(base)
-        const = fixed + f.step_alloc[k] / MiB
+        alloc = f.step_alloc[k]
+        const = fixed + alloc / MiB
         if k in f.A:
             for v, a in f.A[k]:
-                add(t, v, g.workspace_bytes(step, a) / MiB)
+                add(t, v, (above(g, step, a, alloc) - alloc) / MiB)
         else:
-            const += g.workspace_bytes(step, 0) / MiB
+            const += (above(g, step, 0, alloc) - alloc) / MiB
         m.row(t, hi=capacity / MiB - const)
 
     time_rows(f, r_at, p_at, horizon)
     return f
+
+
+def above(g: Graph, step, algo: int, alloc: int) -> int:
+    """A route step's peak above the level before it (``alloc``: what it
+    allocates): with its workspace; for a backward step whose trace measured
+    the hand-over of its dying reads (``bwd_released``), the larger of that
+    and what the ledger counts when the plan's frees hand them over
+    (``ledger.workspace``: ``bwd_released`` less the parameter gradients it
+    makes).  A decoded plan frees a dying read right after its step, so it
+    hands over unless the read's latest copy is an offload; the row holds
+    either way (a transposed-linear model's MILP plan at 1.2x the lower bound
+    ran 132 B over its budget by the first alone)."""
+    own = alloc + g.workspace_bytes(step, algo)
+    released = g.bwd_released(step, algo)
+    if released is not None and g.dying.get(step):
+        own = max(own, released - g.param_grad_bytes(step))
+    return own
 
 
 def warm_start(small: Formulation, values: list[float], full: Formulation
