@@ -37,7 +37,8 @@ from weakref import WeakKeyDictionary
 
 from snsim.errors import ScheduleError
 from snsim.graph import Graph, step_name, tensor_name
-from snsim.schedule.ops import RELEASE, TO_DEVICE, TO_HOST, Compute, Free, Offload, Op, Prefetch, Schedule, Wait
+from snsim.schedule.ops import (RELEASE, TO_DEVICE, TO_HOST, Compute, Free, Offload, Op,
+                                Prefetch, Schedule, Wait)
 
 ABSENT, RESIDENT, INBOUND = 0, 1, 2
 

@@ -398,7 +398,8 @@ def above(g: Graph, step, algo: int, alloc: int) -> int:
     makes).  A decoded plan frees a dying read right after its step, so it
     hands over unless the read's latest copy is an offload; the row holds
     either way (a transposed-linear model's MILP plan at 1.2x the lower bound
-    ran 132 B over its budget by the first alone)."""
+    peaked 132 B above the allocation-and-workspace row, 27 B over its
+    budget)."""
     own = alloc + g.workspace_bytes(step, algo)
     released = g.bwd_released(step, algo)
     if released is not None and g.dying.get(step):
