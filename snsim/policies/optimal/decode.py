@@ -83,12 +83,20 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         ops.append(Compute(step[0], layer, algo))
         level += f.step_alloc[k]
         peak = max(peak, level + g.workspace_bytes(step, algo))
+        # its dying reads first (the ledger's run of frees: the step hands them
+        # to autograd, formulation.handed_over), then the copies and the rest
+        dying = g.dying.get(step, ())
+        first = sorted((t for t in here if t in dying and (k + 1, t) not in S
+                        and t not in f.grads), key=lambda t: (t[1], t[0]))
+        first += [t for t in f.fixed_free[k] if t in dying]
+        ops.extend(Free(t) for t in first)
+        here -= set(first)
         ops.extend(Offload(t) for t in offload_at.get(k, []))
         ops.extend(Wait(t) for t in waits_after.get(k, []))
         here |= {t for t in g.allocs_map[step] if f.birth.get(t) == k}
         ops.extend(Free(t) for t in sorted(here, key=lambda t: (t[1], t[0]))
                    if (k + 1, t) not in S)
-        ops.extend(Free(t) for t in f.fixed_free[k])
+        ops.extend(Free(t) for t in f.fixed_free[k] if t not in first)
     if any(g.bwd_released(s) is not None for s in route[n:]):
         # a measured trace: whether a backward step hands its dying reads to
         # autograd depends on the ops after it (the ledger's rule); the rows

@@ -382,7 +382,21 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
             for v, a in f.A[k]:
                 add(t, v, (above(g, step, a, alloc) - alloc) / MiB)
         else:
-            const += (above(g, step, 0, alloc) - alloc) / MiB
+            hand = handed_over(f, k, step, alloc)
+            if hand is None:
+                const += (above(g, step, 0, alloc) - alloc) / MiB
+            else:
+                # the hand-over's peak, and the step's own where some dying read's
+                # latest copy is an offload (y = 1: the ledger does not hand over)
+                released, own, offloaded = hand
+                const += (released - alloc) / MiB
+                y = m.var(0.0, 1.0, integer=False)
+                add(t, y, (own - released) / MiB)
+                for x, gone in offloaded:
+                    terms = {y: 1.0, f.O[x]: -1.0}
+                    for v in gone:
+                        add(terms, v, 1.0)
+                    m.row(terms, lo=0.0)   # y >= O[x] - its prefetches by stage k
         m.row(t, hi=capacity / MiB - const)
 
     time_rows(f, r_at, p_at, horizon)
@@ -405,6 +419,28 @@ def above(g: Graph, step, algo: int, alloc: int) -> int:
     if released is not None and g.dying.get(step):
         own = max(own, released - g.param_grad_bytes(step))
     return own
+
+
+def handed_over(f: Formulation, k: int, step, alloc: int):
+    """For backward stage ``k`` whose step hands its dying reads to autograd
+    where the plan frees them right after it (decode does) and none's latest
+    copy is an offload (the ledger's ``dying_reads``), and whose hand-over
+    peak is the smaller: (that peak, the step's own allocation and workspace,
+    [(dying read with an offload column, its prefetch columns up to stage
+    k)]); None where :func:`above`'s larger of the two is what the row
+    counts (no measured hand-over, or it peaks higher)."""
+    g = f.graph
+    released = g.bwd_released(step, 0)
+    dying = g.dying.get(step)
+    if released is None or not dying:
+        return None
+    released -= g.param_grad_bytes(step)
+    own = alloc + g.workspace_bytes(step, 0)
+    if own <= released:
+        return None
+    offloaded = [(x, [v for (j, y), v in f.P.items() if y == x and j <= k])
+                 for x in sorted(dying) if x in f.O]
+    return released, own, offloaded
 
 
 def warm_start(small: Formulation, values: list[float], full: Formulation
