@@ -173,7 +173,7 @@ def test_milp_rows_count_the_hand_over_a_measured_trace_measured(model, factor):
     latter), less on an attention model (81,920 against 262,144 B at B2: the
     class was empty at 1.0x-1.2x, where superneurons fits) and the LSTM LM
     (empty at 1.0x).  The row counts the hand-over's, or the step's own where
-    a dying read's latest copy is an offload (``formulation.handed_over``);
+    a dying read's latest copy is an offload (``formulation.step_peaks``);
     the plan fits, its decoded peak and time are the simulator's."""
     graph = Graph(Session().trace(Case(f"tests.families:{model}", None, "optimal")))
     cap = int(graph.lower_bound_bytes * factor)

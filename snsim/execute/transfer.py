@@ -162,12 +162,12 @@ class CopyEngines:
         items, copies = self.host[t]
         if t[0] == "S":   # its records hold the device copy again: the next free clears them
             now = self.extras_of.get(t[1], items)
-            if len(now) != len(items) or any(a is not b for a, b in zip(now, items)):
+            if len(now) != len(items):
+                raise ScheduleError(f"{t}: its recomputation saved {len(now)} tensors, "
+                                    f"its offloaded forward {len(items)}")
+            if any(a is not b for a, b in zip(now, items)):
                 # layer t[1] was recomputed since the offload: the node backward
                 # runs reads the new records, which hold the same values [2]
-                if len(now) != len(items):
-                    raise ScheduleError(f"{t}: its recomputation saved {len(now)} tensors, "
-                                        f"its offloaded forward {len(items)}")
                 items = list(now)
                 self.host[t] = (items, copies)
             self.extras[t[1]] = list(items)

@@ -84,7 +84,7 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         level += f.step_alloc[k]
         peak = max(peak, level + g.workspace_bytes(step, algo))
         # its dying reads first (the ledger's run of frees: the step hands them
-        # to autograd, formulation.handed_over), then the copies and the rest
+        # to autograd, formulation.step_peaks), then the copies and the rest
         dying = g.dying.get(step, ())
         first = sorted((t for t in here if t in dying and (k + 1, t) not in S
                         and t not in f.grads), key=lambda t: (t[1], t[0]))
@@ -99,7 +99,7 @@ def decode(f: Formulation, values: list[float]) -> tuple[list[Op], int]:
         ops.extend(Free(t) for t in f.fixed_free[k] if t not in first)
     if any(g.bwd_released(s) is not None for s in route[n:]):
         # a measured trace: whether a backward step hands its dying reads to
-        # autograd depends on the ops after it (the ledger's rule); the rows
-        # bound both ways (formulation.above), the ledger says which it is
+        # autograd depends on the ops after it (the ledger's rule, which the
+        # rows follow: formulation.step_peaks); the ledger says which it is
         peak = planned_peak(g, ops)[0]
     return ops, peak

@@ -334,6 +334,7 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
     for (k, t), p in sorted(f.P.items(), key=lambda kv: order_key(f, *kv[0])):
         p_at.setdefault(k, []).append((t, p))
     static = g.trace.static_bytes
+    prefetches = None   # tensor -> [(stage, column)] of its prefetches, made where needed
     for k, step in enumerate(route):
         base = {v: b / MiB for v, b in at_stage.get(k, [])}
         for t, p in p_at.get(k, []):
@@ -378,69 +379,55 @@ def build(graph: Graph, capacity: int, window: int | None = None, sync: bool = T
             t = dict(base)
         alloc = f.step_alloc[k]
         const = fixed + alloc / MiB
-        if k in f.A:
+        if k in f.A:   # the larger of the two where the step's algorithm is a choice
             for v, a in f.A[k]:
-                add(t, v, (above(g, step, a, alloc) - alloc) / MiB)
+                own, released = step_peaks(g, step, a, alloc)
+                add(t, v, (own if released is None else max(own, released)) / MiB - alloc / MiB)
         else:
-            hand = handed_over(f, k, step, alloc)
-            if hand is None:
-                const += (above(g, step, 0, alloc) - alloc) / MiB
+            own, released = step_peaks(g, step, 0, alloc)
+            if released is None or released >= own:
+                const += ((own if released is None else released) - alloc) / MiB
             else:
-                # the hand-over's peak, and the step's own where some dying read's
-                # latest copy is an offload (y = 1: the ledger does not hand over)
-                released, own, offloaded = hand
+                # a decoded plan frees the dying reads right after the step, so it
+                # hands them over (the lower peak) unless one's latest copy is an
+                # offload: y = 1 there, the step's own peak (the ledger's rule)
                 const += (released - alloc) / MiB
                 y = m.var(0.0, 1.0, integer=False)
                 add(t, y, (own - released) / MiB)
-                for x, gone in offloaded:
-                    terms = {y: 1.0, f.O[x]: -1.0}
-                    for v in gone:
-                        add(terms, v, 1.0)
-                    m.row(terms, lo=0.0)   # y >= O[x] - its prefetches by stage k
+                if prefetches is None:
+                    prefetches = {}
+                    for (j, x), v in f.P.items():
+                        prefetches.setdefault(x, []).append((j, v))
+                for x in sorted(g.dying[step]):
+                    if x in f.O:   # y >= O[x] - its prefetches up to stage k
+                        terms = {y: 1.0, f.O[x]: -1.0}
+                        for j, v in prefetches.get(x, ()):
+                            if j <= k:
+                                add(terms, v, 1.0)
+                        m.row(terms, lo=0.0)
         m.row(t, hi=capacity / MiB - const)
 
     time_rows(f, r_at, p_at, horizon)
     return f
 
 
-def above(g: Graph, step, algo: int, alloc: int) -> int:
-    """A route step's peak above the level before it (``alloc``: what it
-    allocates): with its workspace; for a backward step whose trace measured
-    the hand-over of its dying reads (``bwd_released``), the larger of that
-    and what the ledger counts when the plan's frees hand them over
-    (``ledger.workspace``: ``bwd_released`` less the parameter gradients it
-    makes).  A decoded plan frees a dying read right after its step, so it
-    hands over unless the read's latest copy is an offload; the row holds
-    either way (a transposed-linear model's MILP plan at 1.2x the lower bound
-    peaked 132 B above the allocation-and-workspace row, 27 B over its
-    budget)."""
+def step_peaks(g: Graph, step, algo: int, alloc: int) -> tuple[int, int | None]:
+    """A route step's peak above the level before it, as the ledger counts it
+    (``ledger.workspace``; ``alloc``: what the step allocates): (with its own
+    allocation and workspace, where its dying reads are handed to autograd or
+    None).  The second is the trace's measured ``bwd_released`` less the
+    parameter gradients the step makes, for a backward step with dying reads
+    on a measured trace: the ledger counts it where the plan frees them right
+    after the step and none's latest copy is an offload.  (A transposed-linear
+    model's MILP plan at 1.2x the lower bound peaked 132 B above the first, 27
+    B over its budget, when the row counted the first alone; an attention
+    model's class was empty at 1.0x-1.2x, its second 81,920 B against
+    262,144.)"""
     own = alloc + g.workspace_bytes(step, algo)
     released = g.bwd_released(step, algo)
-    if released is not None and g.dying.get(step):
-        own = max(own, released - g.param_grad_bytes(step))
-    return own
-
-
-def handed_over(f: Formulation, k: int, step, alloc: int):
-    """For backward stage ``k`` whose step hands its dying reads to autograd
-    where the plan frees them right after it (decode does) and none's latest
-    copy is an offload (the ledger's ``dying_reads``), and whose hand-over
-    peak is the smaller: (that peak, the step's own allocation and workspace,
-    [(dying read with an offload column, its prefetch columns up to stage
-    k)]); None where :func:`above`'s larger of the two is what the row
-    counts (no measured hand-over, or it peaks higher)."""
-    g = f.graph
-    released = g.bwd_released(step, 0)
-    dying = g.dying.get(step)
-    if released is None or not dying:
-        return None
-    released -= g.param_grad_bytes(step)
-    own = alloc + g.workspace_bytes(step, 0)
-    if own <= released:
-        return None
-    offloaded = [(x, [v for (j, y), v in f.P.items() if y == x and j <= k])
-                 for x in sorted(dying) if x in f.O]
-    return released, own, offloaded
+    if released is None or not g.dying.get(step):
+        return own, None
+    return own, released - g.param_grad_bytes(step)
 
 
 def warm_start(small: Formulation, values: list[float], full: Formulation
